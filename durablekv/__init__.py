@@ -1,0 +1,34 @@
+"""durablekv: an embedded Python cache that survives restarts.
+
+Reads come from a bounded memory tier of fixed-size pages; every write is
+appended to a replay log before it returns and written behind, in batches,
+into a SQLite page store. See README.md and docs/architecture.md.
+"""
+
+from .cache import Cache
+from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
+                     CorruptStoreError, DurableKVError, FlushTimeoutError, LogCorruptionError,
+                     LogWriteError, SchemaVersionError, StoreError, TraceFormatError,
+                     WriteBehindError)
+from .stats import CacheStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cache",
+    "CacheStats",
+    "DurableKVError",
+    "CacheLockedError",
+    "CacheClosedError",
+    "CacheFailedError",
+    "ConfigError",
+    "StoreError",
+    "CorruptStoreError",
+    "SchemaVersionError",
+    "LogCorruptionError",
+    "LogWriteError",
+    "WriteBehindError",
+    "FlushTimeoutError",
+    "TraceFormatError",
+    "__version__",
+]

@@ -1,0 +1,225 @@
+"""The write-behind batcher: the one thread that writes to SQLite.
+
+Write-behind as in a database's background writer (PostgreSQL's bgwriter and
+checkpointer): sets and deletes only touch memory and the replay log; this
+thread later writes every dirty page, with the checkpoint LSN, in ONE SQLite
+transaction. A page written many times between flushes costs one page write
+(coalescing).
+
+A cycle runs when ``interval`` seconds have passed since the last one, when
+:meth:`kick` is called (the cache kicks once ``flush_batch_pages`` pages are
+dirty, or a writer meets back-pressure), or when :meth:`flush_until` waits.
+
+The batcher knows its collaborators only by these protocols:
+
+* ``source.take_snapshot() -> Snapshot | None`` (takes the source's lock and
+  copies what is dirty), ``snapshot.build() -> Batch`` (encodes, outside any
+  lock), ``source.flush_done(snapshot)`` and ``source.flush_failed(snapshot, exc)``.
+* ``store.write_batch(images, checkpoint_lsn, key_count, ttl_key_count, clear)``
+  and ``store.checkpoint_lsn``.
+* ``log.sync()`` and ``log.truncate_through(lsn)`` (``log`` may be None).
+
+Errors: a failed cycle is counted, remembered and retried with exponential
+back-off (``interval`` doubling up to ``max_backoff`` seconds); the pages stay
+dirty in memory. :meth:`flush_until` raises it to the caller who waits.
+
+Waits use ``threading.Condition``/``Event`` with real timeouts, never
+sleep-polling, so they work under time-mocking libraries (freezegun).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from .errors import FlushTimeoutError, WriteBehindError
+from .stats import FLUSH_PAGES_BUCKETS, FLUSH_SECONDS_BUCKETS, Histogram
+
+__all__ = ["WriteBehindBatcher", "Batch"]
+
+log = logging.getLogger("durablekv.batcher")
+
+# Captured in a tuple so time-mocking libraries that patch module attributes
+# leave these real clocks alone (waits must follow real time).
+_REAL = (time.monotonic, time.perf_counter)
+
+
+@dataclass
+class Batch:
+    """What one flush transaction writes (built outside the cache's lock)."""
+
+    images: Sequence[Any]
+    checkpoint_lsn: int
+    key_count: int
+    ttl_key_count: int
+    clear: bool = False
+
+
+class _Snapshot(Protocol):
+    checkpoint_lsn: int
+
+    def build(self) -> Batch: ...
+
+
+class WriteBehindBatcher:
+    """Owns the writer thread.
+
+    :param source: the cache (see the module docstring for the protocol).
+    :param store: the page store.
+    :param replay_log: the replay log to fsync each cycle (``log`` mode) and
+        to cut back after checkpoints, or None.
+    :param interval: seconds between cycles (``flush_interval``).
+    :param sync_log: fsync the replay log at every cycle (durability ``log``).
+    :param name: used in the thread name and messages.
+    """
+
+    def __init__(self, source: Any, store: Any, replay_log: Any, *, interval: float,
+                 sync_log: bool, name: str, path: str, max_backoff: float = 1.0) -> None:
+        self._source = source
+        self._store = store
+        self._log = replay_log
+        self._interval = interval
+        self._sync_log = sync_log
+        self._path = path
+        self._max_backoff = max(max_backoff, interval)
+        self._cond = threading.Condition()   # guards everything below
+        self._wake = threading.Event()
+        self._stop = False
+        self._durable_lsn = store.checkpoint_lsn
+        self._cycles = 0            # completed cycles (ok or failed)
+        self._errors = 0            # failed cycles
+        self._last_error: BaseException | None = None
+        self._failing = False
+        self.flush_seconds = Histogram(FLUSH_SECONDS_BUCKETS)
+        self.flush_pages = Histogram(FLUSH_PAGES_BUCKETS)
+        self.flushes = 0
+        self.flushed_pages = 0
+        self._thread = threading.Thread(target=self._run, name=f"durablekv-batcher[{name}]",
+                                        daemon=True)
+
+    # -- control -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def errors(self) -> int:
+        return self._errors
+
+    @property
+    def last_error(self) -> BaseException | None:
+        return self._last_error
+
+    @property
+    def failing(self) -> bool:
+        """True while the latest cycle failed (cleared by the next success)."""
+        return self._failing
+
+    def kick(self) -> None:
+        """Ask for a cycle now (cheap when one is already asked for)."""
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread after its current cycle (does not flush; see flush_until)."""
+        with self._cond:
+            self._stop = True
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def flush_until(self, lsn: int, timeout: float | None = None) -> None:
+        """Block until every change with LSN <= ``lsn`` is committed to SQLite.
+
+        :param timeout: seconds to keep waiting through failed, retried cycles;
+            None waits for success or for the first failure.
+        :raises WriteBehindError: (``timeout`` None) a cycle failed.
+        :raises FlushTimeoutError: (``timeout`` given) not done in time.
+        """
+        monotonic = _REAL[0]
+        deadline = None if timeout is None else monotonic() + timeout
+        with self._cond:
+            errors_at_start = self._errors
+            while self._durable_lsn < lsn:
+                if self._stop or not self._thread.is_alive():
+                    raise WriteBehindError(self._path, self._last_error,
+                                           f"write-behind thread of {self._path!r} is not running; "
+                                           "the cache is closed or failed")
+                if deadline is None and self._errors > errors_at_start:
+                    raise WriteBehindError(self._path, self._last_error) from self._last_error
+                remaining = None
+                if deadline is not None:
+                    remaining = deadline - monotonic()
+                    if remaining <= 0:
+                        raise FlushTimeoutError(self._path, timeout, self._last_error)
+                self._wake.set()
+                self._cond.wait(remaining)
+
+    # -- the thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            self._wake.wait(backoff or self._interval)
+            self._wake.clear()
+            with self._cond:
+                stopping = self._stop
+            if stopping:
+                return
+            try:
+                self._cycle()
+            except BaseException as exc:  # noqa: BLE001 - reported to flush() callers
+                with self._cond:
+                    self._errors += 1
+                    self._last_error = exc
+                    self._failing = True
+                    self._cycles += 1
+                    self._cond.notify_all()
+                backoff = min(max(backoff * 2, self._interval, 0.01), self._max_backoff)
+                log.warning("write-behind flush of %s failed (retrying in %.3f s): %r",
+                            self._path, backoff, exc)
+            else:
+                backoff = 0.0
+                with self._cond:
+                    self._failing = False
+                    self._cycles += 1
+                    self._cond.notify_all()
+
+    def run_cycle(self) -> None:
+        """Run one cycle in the calling thread (for tests and open-time recovery,
+        only while the thread is not running)."""
+        self._cycle()
+
+    def _cycle(self) -> None:
+        if self._log is not None and self._sync_log:
+            self._log.sync()
+        snap = self._source.take_snapshot()
+        if snap is None:
+            return
+        try:
+            batch = snap.build()
+            if batch.images or batch.clear or batch.checkpoint_lsn > self._store.checkpoint_lsn:
+                t0 = _REAL[1]()
+                self._store.write_batch(batch.images, batch.checkpoint_lsn, batch.key_count,
+                                        batch.ttl_key_count, batch.clear)
+                dt = _REAL[1]() - t0
+                self.flush_seconds.observe(dt)
+                self.flush_pages.observe(len(batch.images))
+                self.flushes += 1
+                self.flushed_pages += len(batch.images)
+        except BaseException as exc:
+            self._source.flush_failed(snap, exc)
+            raise
+        self._source.flush_done(snap)
+        with self._cond:
+            self._durable_lsn = max(self._durable_lsn, batch.checkpoint_lsn)
+        if self._log is not None:
+            # The checkpoint is committed with synchronous=FULL: durable.
+            self._log.truncate_through(batch.checkpoint_lsn)

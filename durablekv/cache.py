@@ -1,0 +1,996 @@
+"""Cache: the public facade. Owns the lifecycle and wires the parts together.
+
+Data flow (see ``docs/architecture.md``)::
+
+    set/delete ─► ReplayLog.append ─► MemoryTier (page table, LRU, dirty pages)
+                                          │ dirty / evicted-dirty pages
+                                          ▼
+                              WriteBehindBatcher ─► SQLitePageStore
+    get ─► page table ─(miss)─► key index ─► page fault (page read back)
+
+Locking: ``self._lock`` guards the memory tier, the counters, the LSN and the
+log append (so file order is LSN order and the memory tier never disagrees
+with the log). It is never held across an fsync, a SQLite commit, or user
+code (memoized functions). The batcher has its own lock; lock order is
+cache lock, then batcher lock, never the reverse.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import functools
+import logging
+import math
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
+from typing import Any, Callable, Iterator
+
+from . import codec as _codec
+from .batcher import Batch, WriteBehindBatcher
+from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
+                     CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
+from .pages import EMPTY, PENDING, RESIDENT, MemoryTier, Page
+from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
+from .stats import CacheStats, HistogramSnapshot
+from .store import STORE_FILE, PageImage, SQLitePageStore, decode_page, encode_page
+
+__all__ = ["Cache"]
+
+log = logging.getLogger("durablekv")
+
+_MISSING: Any = object()
+_REAL_MONOTONIC = (time.monotonic,)
+_OPEN, _CLOSING, _CLOSED, _FAILED = "open", "closing", "closed", "failed"
+DURABILITY_MODES = ("fsync", "log", "none")
+LOCK_FILE = "LOCK"
+
+_open_caches: "weakref.WeakValueDictionary[int, Cache]" = weakref.WeakValueDictionary()
+
+
+def _close_all_at_exit() -> None:
+    """Safety net: drain caches the application forgot to close."""
+    for cache in list(_open_caches.values()):
+        try:
+            cache.close()
+        except Exception as exc:  # pragma: no cover - reported, not raised at exit
+            log.error("closing %s at exit failed: %r", cache.path, exc)
+
+
+atexit.register(_close_all_at_exit)
+
+
+class _Snapshot:
+    """Dirty pages copied under the cache lock; encoded later by the batcher."""
+
+    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "base_count",
+                 "base_ttl")
+
+    def __init__(self, cache: "Cache", items: list, checkpoint_lsn: int, clear: bool,
+                 clear_lsn: int, base_count: int, base_ttl: int) -> None:
+        self.cache = cache
+        self.items = items
+        self.checkpoint_lsn = checkpoint_lsn
+        self.clear = clear
+        self.clear_lsn = clear_lsn
+        self.base_count = base_count
+        self.base_ttl = base_ttl
+
+    def build(self) -> Batch:
+        to_blob = self.cache._codec.to_blob
+        encode_key = _codec.encode_key
+        canonical_key = _codec.canonical_key
+        images = []
+        count, ttl = self.base_count, self.base_ttl
+        for page, _v, kv, index_changed, keys, values, expires, stored_n, stored_ttl in self.items:
+            entries = []
+            rows = [] if index_changed else None
+            ttl_n = 0
+            for slot, k in enumerate(keys):
+                if k is EMPTY:
+                    continue
+                e = expires[slot]
+                kb = encode_key(k)
+                entries.append((slot, kb, to_blob(values[slot]), e))
+                if e is not None:
+                    ttl_n += 1
+                if rows is not None:
+                    ck = canonical_key(k)
+                    rows.append((ck, e, None if ck == kb else kb))
+            n = len(entries)
+            count += n - stored_n
+            ttl += ttl_n - stored_ttl
+            images.append(PageImage(page.page_id, n, ttl_n, encode_page(entries), rows))
+        return Batch(images, self.checkpoint_lsn, count, ttl, self.clear)
+
+
+class Cache(MutableMapping):
+    """A persistent key/value cache: memory-speed reads, writes that survive a crash.
+
+    :param directory: the cache directory (created if missing). Holds
+        ``pages.sqlite3``, ``replay-*.log`` segments and ``LOCK``.
+    :param page_size: slots per page; fixed when the store is created. None
+        adopts the stored value (16 for a new store); a different explicit
+        value raises :class:`ConfigError`.
+    :param max_pages: the memory tier holds at most this many pages (so at
+        most ``max_pages * page_size`` entries resident).
+    :param flush_interval: seconds between write-behind flushes (and log
+        fsyncs in ``durability="log"``).
+    :param flush_batch_pages: a flush starts early once this many pages are dirty.
+    :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README.
+    :param name: label for metrics; default the directory's base name.
+    :param clock: ``() -> float`` epoch seconds for TTLs; default
+        ``time.time`` looked up at each call (so freezegun moves it).
+    :param serializer: ``"safe"`` (default; exact round trip of None, bool,
+        int, float, str, bytes, tuple, list, dict) or ``"pickle"`` (any
+        picklable object; UNSAFE for stores that others can write).
+    :param max_value_bytes: encoded values bigger than this raise
+        ``ValueError`` before anything is written (default 64 MiB).
+    :param max_pending_pages: evicted dirty pages allowed to wait for the
+        batcher before writers block (back-pressure); default
+        ``max(4 * flush_batch_pages, 64)``.
+    :param on_corruption: ``"raise"`` (default) or ``"rebuild"``: move a
+        damaged ``pages.sqlite3`` aside and start empty (the replay log is
+        still applied).
+    :param salvage_log: recover from a log damaged before its tail by keeping
+        the good prefix and moving the damaged segment aside (loses the
+        records after the damage; off by default).
+    :param busy_timeout: seconds SQLite waits for a lock held by another process.
+    :raises CacheLockedError: the directory is open elsewhere.
+    :raises ConfigError: an invalid or conflicting setting.
+    :raises CorruptStoreError, SchemaVersionError, LogCorruptionError: see
+        :mod:`durablekv.errors`.
+
+    Every public method is thread-safe.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, page_size: int | None = None,
+                 max_pages: int = 4096, flush_interval: float = 0.05,
+                 flush_batch_pages: int = 64, durability: str = "log",
+                 name: str | None = None, clock: Callable[[], float] | None = None,
+                 serializer: str | _codec.ValueCodec = "safe",
+                 max_value_bytes: int = 64 << 20, max_pending_pages: int | None = None,
+                 on_corruption: str = "raise", salvage_log: bool = False,
+                 busy_timeout: float = 5.0, segment_bytes: int = 64 << 20) -> None:
+        self._state = _CLOSED
+        path = os.path.abspath(os.fspath(directory))
+        self.path = path
+        self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
+        _check_config(page_size=page_size, max_pages=max_pages, flush_interval=flush_interval,
+                      flush_batch_pages=flush_batch_pages, durability=durability,
+                      max_value_bytes=max_value_bytes, on_corruption=on_corruption,
+                      max_pending_pages=max_pending_pages, busy_timeout=busy_timeout)
+        if clock is not None and not callable(clock):
+            raise ConfigError(f"clock must be a callable returning epoch seconds, got {clock!r}")
+        self._codec = _codec.codec_by_name(serializer)
+        self.durability = durability
+        self.flush_interval = float(flush_interval)
+        self.flush_batch_pages = int(flush_batch_pages)
+        self.max_value_bytes = int(max_value_bytes)
+        self.max_pending_pages = (max(4 * flush_batch_pages, 64) if max_pending_pages is None
+                                  else int(max_pending_pages))
+        self._clock = clock
+        self._clock_offset = 0.0
+        self._last_now = -math.inf
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
+        self._lock_fd = _acquire_dir_lock(path)
+        self._store: SQLitePageStore | None = None
+        self._log: ReplayLog | None = None
+        self._batcher: WriteBehindBatcher | None = None
+        try:
+            self._open(page_size, max_pages, on_corruption, salvage_log, busy_timeout,
+                       segment_bytes)
+        except BaseException:
+            self._teardown(clean=False)
+            raise
+
+    # -- opening and recovery ------------------------------------------------------
+
+    def _open(self, page_size, max_pages, on_corruption, salvage_log, busy_timeout,
+              segment_bytes) -> None:
+        self.store_rebuilds = 0
+        try:
+            self._store = SQLitePageStore(self.path, durability=self.durability,
+                                          page_size=page_size, serializer=self._codec.name,
+                                          busy_timeout=busy_timeout)
+        except CorruptStoreError as exc:
+            if on_corruption != "rebuild":
+                raise
+            aside = _move_aside(os.path.join(self.path, STORE_FILE))
+            log.warning("page store %s is damaged (%s); moved it to %s and started empty",
+                        exc.path, exc.detail, aside)
+            self.store_rebuilds = 1
+            self._store = SQLitePageStore(self.path, durability=self.durability,
+                                          page_size=page_size, serializer=self._codec.name,
+                                          busy_timeout=busy_timeout)
+        store = self._store
+        self.page_size = store.page_size
+        self.max_pages = max_pages
+        self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
+        self._cond = threading.Condition(self._lock)  # back-pressure waits
+        self._tier = MemoryTier(store.page_size, max_pages)
+        self._tier.next_page_id = store.max_page_id + 1
+        self._count = store.key_count
+        self._ttl_count = store.ttl_key_count
+        self._last_lsn = store.checkpoint_lsn
+        self._clear_pending = False
+        self._clear_lsn = 0
+        self._failure: BaseException | None = None
+        self._memory_hits = self._store_hits = self._misses = 0
+        self._sets = self._deletes = self._expirations = 0
+        self._memory_hits_base = 0
+        # The log exists in every mode at recovery time: a directory last used
+        # with durability="log" may hold records that must be replayed.
+        self._log = ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes)
+        self._batcher = WriteBehindBatcher(self, store, self._log if self.durability != "none" else None,
+                                           interval=self.flush_interval,
+                                           sync_log=self.durability == "log",
+                                           name=self.name, path=self.path)
+        t0 = _REAL_MONOTONIC[0]()
+        result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
+        self.torn_records = result.torn_records
+        self._state = _OPEN
+        self._batcher.start()
+        for rec in result.records:
+            self._replay(rec)
+        if result.records:
+            self._batcher.flush_until(self._last_lsn)
+        self._log.truncate_through(store.checkpoint_lsn)
+        if self.durability == "none":
+            self._log.close(remove=True)
+            self._log = None
+        else:
+            self._log.start(self._last_lsn + 1)
+        self.recovered_records = len(result.records)
+        self.recovery_seconds = _REAL_MONOTONIC[0]() - t0
+        if result.records:
+            log.info("recovered %d log records in %.3f s for %s", len(result.records),
+                     self.recovery_seconds, self.path)
+        _open_caches[id(self)] = self
+
+    def _replay(self, rec) -> None:
+        with self._lock:
+            self._backpressure()
+            if rec.op == OP_CLEAR:
+                self._apply_clear(rec.lsn)
+                return
+            key = _codec.decode_key(rec.key)
+            ref = self._tier.table.get(key) or self._locate(key)
+            if rec.op == OP_SET:
+                held = self._codec.memory_form_from_blob(rec.value)
+                self._apply_set(key, held, rec.expire_at, ref)
+            elif ref is not None:
+                self._apply_delete(key)
+            self._last_lsn = rec.lsn
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _now(self) -> float:
+        """TTL clock, epoch seconds, never going backwards (lock held)."""
+        raw = self._clock() if self._clock is not None else time.time()
+        now = raw + self._clock_offset
+        if now < self._last_now:
+            # The wall clock stepped back: keep TTL time monotonic so that no
+            # entry outlives its TTL (it only ever expires early, never late).
+            self._clock_offset += self._last_now - now
+            now = self._last_now
+        self._last_now = now
+        return now
+
+    def _check_open(self) -> None:
+        if self._state is not _OPEN:
+            if self._state is _FAILED:
+                raise CacheFailedError(self.path, self._failure)
+            raise CacheClosedError(self.path)
+
+    def _locate(self, key: Any) -> tuple[Page, int] | None:
+        """Find a key whose page is not in memory: key index, then page fault."""
+        if self._clear_pending:
+            return None
+        ck = _codec.canonical_key(key)
+        store = self._store
+        pid = store.lookup(ck)
+        if pid is None or pid in self._tier.pages:
+            return None  # absent, or its page is in memory and no longer holds it
+        self._fault_in(pid)
+        return self._tier.table.get(key)
+
+    def _fault_in(self, pid: int) -> Page:
+        row = self._store.read_page(pid)
+        if row is None:
+            raise CorruptStoreError(self._store.path,
+                                    f"the key index points at page {pid}, which is missing")
+        n, data = row
+        decode_key = _codec.decode_key
+        from_blob = self._codec.memory_form_from_blob
+        entries = []
+        ttl_n = 0
+        try:
+            for slot, kb, vb, exp in decode_page(data):
+                entries.append((slot, decode_key(kb), from_blob(vb), exp))
+                if exp is not None:
+                    ttl_n += 1
+        except (ValueError, IndexError, TypeError) as exc:
+            raise CorruptStoreError(self._store.path, f"page {pid} cannot be decoded: {exc}") from exc
+        for _, key, _, _ in entries:
+            if key in self._tier.table:
+                raise CorruptStoreError(self._store.path,
+                                        f"page {pid} holds key {key!r}, which lives in another page")
+        return self._tier.install(pid, entries, len(entries), ttl_n)
+
+    def _ref(self, key: Any, now_fn=None) -> tuple[Page, int] | None:
+        """(page, slot) of a live key, faulting its page in; None when absent.
+
+        Expired entries found on the way are removed (lock held).
+        """
+        ref = self._tier.table.get(key)
+        if ref is None:
+            ref = self._locate(key)
+            if ref is None:
+                return None
+        page, slot = ref
+        exp = page.expires[slot]
+        if exp is not None and self._now() >= exp:
+            self._expire(key)
+            return None
+        return ref
+
+    def _expire(self, key: Any) -> None:
+        """Drop an expired entry (no log record: replaying its set re-creates an
+        entry that is just as expired)."""
+        self._tier.remove(key, _REAL_MONOTONIC[0]())
+        self._count -= 1
+        self._ttl_count -= 1
+        self._expirations += 1
+
+    def _backpressure(self) -> None:
+        """Block (lock released) while too many evicted dirty pages wait."""
+        tier = self._tier
+        if tier.pending < self.max_pending_pages:
+            return
+        batcher = self._batcher
+        errors = batcher.errors
+        while tier.pending >= self.max_pending_pages:
+            if batcher.errors > errors and batcher.failing:
+                raise WriteBehindError(self.path, batcher.last_error,
+                                       f"{tier.pending} dirty pages are waiting and the "
+                                       f"write-behind flush to {self.path!r} is failing "
+                                       f"({batcher.last_error!r}); the write was NOT stored. "
+                                       "Fix the store (disk space, locks) and retry")
+            if self._state is not _OPEN:
+                self._check_open()
+            batcher.kick()
+            self._cond.wait(0.5)
+
+    def _apply_set(self, key: Any, held: Any, expire_at: float | None,
+                   ref: tuple[Page, int] | None) -> None:
+        tier = self._tier
+        now = _REAL_MONOTONIC[0]()
+        if ref is not None:
+            page, slot = ref
+            old = page.expires[slot]
+            tier.update(page, slot, held, expire_at, now)
+            self._ttl_count += (expire_at is not None) - (old is not None)
+            if page.state == RESIDENT:
+                tier.touch(page)
+            else:
+                tier.fault_pending(page)
+        else:
+            tier.insert(key, held, expire_at, now)
+            self._count += 1
+            if expire_at is not None:
+                self._ttl_count += 1
+        if len(tier.dirty) >= self.flush_batch_pages or tier.pending:
+            self._batcher.kick()
+
+    def _apply_delete(self, key: Any) -> None:
+        page, slot = self._tier.table[key]
+        if page.expires[slot] is not None:
+            self._ttl_count -= 1
+        self._tier.remove(key, _REAL_MONOTONIC[0]())
+        self._count -= 1
+        if self._tier.pending:
+            self._batcher.kick()
+
+    def _apply_clear(self, lsn: int) -> None:
+        self._tier.clear()
+        self._count = 0
+        self._ttl_count = 0
+        self._clear_pending = True
+        self._clear_lsn = lsn
+
+    def _append(self, op: int, kb: bytes, vb: bytes, expire_at: float | None) -> int:
+        """Assign the next LSN and log the record (lock held); return the LSN."""
+        lsn = self._last_lsn + 1
+        if self._log is not None:
+            self._log.append(lsn, op, kb, vb, expire_at)
+        self._last_lsn = lsn
+        return lsn
+
+    def _sync(self, lsn: int) -> None:
+        """fsync mode: return once the record is on disk (no lock held)."""
+        try:
+            self._log.sync_to(lsn)
+        except LogWriteError as exc:
+            # After a failed fsync the kernel may have dropped the dirty pages:
+            # what is on disk is unknown, so stop accepting writes (fail-stop).
+            with self._lock:
+                self._failure = exc
+                self._state = _FAILED
+            raise
+
+    # -- the mapping API -----------------------------------------------------------------
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """Return the value for ``key``, or ``default`` when missing or expired.
+
+        A memory hit costs a dict lookup and an LRU touch; a key whose page is
+        not resident is found through the SQLite key index and its page is
+        faulted in (a ``store`` hit).
+
+        :raises TypeError: ``key`` has an unsupported type (as a dict would for
+            an unhashable key).
+        :raises CacheClosedError: the cache is closed.
+        """
+        with self._lock:
+            if self._state is not _OPEN:
+                self._check_open()
+            ref = self._tier.table.get(key)
+            if ref is not None:
+                page, slot = ref
+                exp = page.expires[slot]
+                if exp is not None and self._now() >= exp:
+                    self._expire(key)
+                    self._misses += 1
+                    return default
+                if page.state == RESIDENT:
+                    self._tier.lru.move_to_end(page)
+                    self._memory_hits += 1
+                else:
+                    self._tier.fault_pending(page)
+                    self._store_hits += 1
+                v = page.values[slot]
+                return v if type(v) is not _codec.Frozen else self._codec.decode(v.blob)
+            ref = self._ref(key)
+            if ref is None:
+                self._misses += 1
+                return default
+            page, slot = ref
+            self._store_hits += 1
+            return self._codec.from_memory(page.values[slot])
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: Any) -> bool:
+        with self._lock:
+            self._check_open()
+            return self._ref(key) is not None
+
+    def set(self, key: Any, value: Any, expire: float | None = None) -> None:
+        """Store ``value`` under ``key``.
+
+        :param expire: seconds from now (float) after which the entry is gone;
+            None never expires; 0 stores nothing (the entry would already be
+            expired) and removes an existing value.
+        :raises TypeError: unsupported key or value type (names the type).
+        :raises ValueError: ``expire`` negative, NaN or infinite; value bigger
+            than ``max_value_bytes``.
+        :raises LogWriteError: the replay log could not be written; nothing
+            was stored.
+        :raises CacheClosedError, CacheFailedError: closed or failed cache.
+
+        Durability: returns once the log record is in the OS (``log``),
+        fsynced (``fsync``), or only in memory (``none``); SQLite gets the
+        page within about ``flush_interval`` seconds.
+        """
+        expire = _check_expire(expire)
+        kb = _codec.encode_key(key)
+        vb = self._codec.encode(value)
+        if len(vb) > self.max_value_bytes:
+            raise ValueError(
+                f"value for key {key!r} is {len(vb)} bytes encoded, over max_value_bytes="
+                f"{self.max_value_bytes}; store it elsewhere or raise max_value_bytes")
+        held = self._codec.memory_form(value, vb)
+        with self._lock:
+            if self._state is not _OPEN:
+                self._check_open()
+            if self._tier.pending >= self.max_pending_pages:
+                self._backpressure()
+            if expire is not None:
+                expire_at = self._now() + expire
+                if expire == 0:
+                    # Already expired: store nothing, drop what was there.
+                    ref = self._tier.table.get(key) or self._locate(key)
+                    self._sets += 1
+                    if ref is None:
+                        return
+                    lsn = self._append(OP_DELETE, kb, b"", None)
+                    self._apply_delete(key)
+                    sync = self.durability == "fsync"
+                    if not sync:
+                        return
+                    lsn_to_sync = lsn
+                    expire_at = None
+                else:
+                    lsn_to_sync = None
+            else:
+                expire_at = None
+                lsn_to_sync = None
+            if lsn_to_sync is None:
+                ref = self._tier.table.get(key)
+                if ref is None:
+                    ref = self._locate(key)
+                lsn = self._append(OP_SET, kb, vb, expire_at)
+                self._apply_set(key, held, expire_at, ref)
+                self._sets += 1
+                lsn_to_sync = lsn
+        if self.durability == "fsync":
+            self._sync(lsn_to_sync)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.set(key, value)
+
+    def delete(self, key: Any) -> bool:
+        """Remove ``key``; return True if a live entry was there.
+
+        :raises TypeError: unsupported key type.
+        :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
+        """
+        kb = _codec.encode_key(key)
+        with self._lock:
+            if self._state is not _OPEN:
+                self._check_open()
+            if self._tier.pending >= self.max_pending_pages:
+                self._backpressure()
+            if self._ref(key) is None:
+                return False
+            lsn = self._append(OP_DELETE, kb, b"", None)
+            self._apply_delete(key)
+            self._deletes += 1
+        if self.durability == "fsync":
+            self._sync(lsn)
+        return True
+
+    def __delitem__(self, key: Any) -> None:
+        if not self.delete(key):
+            raise KeyError(key)
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        """Remove ``key`` and return its value; ``default`` (or KeyError) when missing."""
+        kb = _codec.encode_key(key)
+        with self._lock:
+            self._check_open()
+            if self._tier.pending >= self.max_pending_pages:
+                self._backpressure()
+            ref = self._ref(key)
+            if ref is None:
+                if default is _MISSING:
+                    raise KeyError(key)
+                return default
+            page, slot = ref
+            value = self._codec.from_memory(page.values[slot])
+            lsn = self._append(OP_DELETE, kb, b"", None)
+            self._apply_delete(key)
+            self._deletes += 1
+        if self.durability == "fsync":
+            self._sync(lsn)
+        return value
+
+    def popitem(self) -> tuple[Any, Any]:
+        """Remove and return some ``(key, value)``; KeyError when empty."""
+        while True:
+            with self._lock:
+                self._check_open()
+                key = next(iter(self._tier.table), _MISSING)
+                if key is _MISSING and not self._clear_pending:
+                    row = self._store.any_key(set(self._tier.pages))
+                    if row is not None:
+                        key = _codec.decode_key(row[1] or row[0])
+            if key is _MISSING:
+                raise KeyError("popitem(): cache is empty")
+            value = self.pop(key, _MISSING)
+            if value is not _MISSING:
+                return key, value
+
+    def clear(self) -> None:
+        """Remove every entry (one log record; the store is emptied by the next flush)."""
+        with self._lock:
+            self._check_open()
+            lsn = self._append(OP_CLEAR, b"", b"", None)
+            self._apply_clear(lsn)
+            self._batcher.kick()
+        if self.durability == "fsync":
+            self._sync(lsn)
+
+    def __len__(self) -> int:
+        """Live entries (expired ones are purged first, so they never count)."""
+        with self._lock:
+            self._check_open()
+            if self._ttl_count:
+                self._purge_expired()
+            return self._count
+
+    def _purge_expired(self) -> None:
+        now = self._now()
+        if not self._clear_pending:
+            for pid in self._store.pages_with_expired(now):
+                if pid not in self._tier.pages:
+                    self._fault_in(pid)
+        doomed = [k for k, (p, s) in self._tier.table.items()
+                  if p.expires[s] is not None and now >= p.expires[s]]
+        for k in doomed:
+            self._expire(k)
+
+    def _snapshot_keys(self) -> list[Any]:
+        with self._lock:
+            self._check_open()
+            now = None
+            keys = []
+            for k, (p, s) in self._tier.table.items():
+                e = p.expires[s]
+                if e is not None:
+                    if now is None:
+                        now = self._now()
+                    if now >= e:
+                        continue
+                keys.append(k)
+            if not self._clear_pending:
+                in_memory = self._tier.pages
+                decode = _codec.decode_key
+                for ck, orig, pid, e in self._store.scan_index():
+                    if pid in in_memory:
+                        continue
+                    if e is not None:
+                        if now is None:
+                            now = self._now()
+                        if now >= e:
+                            continue
+                    keys.append(decode(orig if orig is not None else ck))
+        return keys
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate over a snapshot of the keys taken when iteration starts.
+
+        Reads and writes during iteration never break it; keys deleted
+        meanwhile may still be yielded (it is a snapshot).
+        """
+        return iter(self._snapshot_keys())
+
+    def keys(self) -> KeysView:
+        return KeysView(self)
+
+    def items(self) -> "_ItemsView":
+        return _ItemsView(self)
+
+    def values(self) -> "_ValuesView":
+        return _ValuesView(self)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._state in (_CLOSED, _CLOSING)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every write acknowledged before this call is in SQLite.
+
+        :param timeout: seconds; None waits until the flush succeeds or fails.
+        :raises WriteBehindError: a flush failed (``timeout`` None).
+        :raises FlushTimeoutError: not done within ``timeout`` (flushes keep
+            being retried in the background).
+        """
+        with self._lock:
+            self._check_open()
+            target = self._last_lsn
+            dirty = bool(self._tier.dirty) or self._clear_pending
+        if dirty or target > self._store.checkpoint_lsn:
+            self._batcher.flush_until(max(target, self._store.checkpoint_lsn + 1 if dirty else target),
+                                      timeout)
+
+    def close(self) -> None:
+        """Flush, checkpoint, remove the replay log, release the directory.
+
+        Idempotent. When the final flush fails the log is kept (nothing
+        acknowledged is lost; the next open replays it) and the error is raised.
+        """
+        with self._lock:
+            if self._state in (_CLOSED, _CLOSING):
+                return
+            failed = self._state is _FAILED
+            self._state = _CLOSING
+            target = self._last_lsn
+            dirty = bool(self._tier.dirty) or self._clear_pending
+        error: BaseException | None = None
+        if not failed:
+            try:
+                if dirty or target > self._store.checkpoint_lsn:
+                    self._batcher.flush_until(max(target, self._store.checkpoint_lsn + (1 if dirty else 0)))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
+                error = exc
+        self._teardown(clean=error is None and not failed)
+        if error is not None:
+            raise error
+
+    def _teardown(self, clean: bool) -> None:
+        if _open_caches.get(id(self)) is self:
+            del _open_caches[id(self)]
+        if self._batcher is not None:
+            self._batcher.stop()
+        if self._log is not None:
+            self._log.close(remove=clean)
+        if self._store is not None:
+            self._store.close(checkpoint_wal=clean)
+        if self._lock_fd is not None:
+            _release_dir_lock(self._lock_fd)
+            self._lock_fd = None
+        self._state = _CLOSED
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", _CLOSED) not in (_CLOSED, _CLOSING):
+            warnings.warn(f"durablekv cache {getattr(self, 'path', '?')!r} was not closed; "
+                          "use close() or a with-block (it is drained at exit)",
+                          ResourceWarning, stacklevel=2)
+
+    def __repr__(self) -> str:
+        return f"<durablekv.Cache {self.path!r} {self._state}>"
+
+    # -- stats -----------------------------------------------------------------------------
+
+    def stats(self) -> CacheStats:
+        """A :class:`~durablekv.stats.CacheStats` snapshot (cheap; thread-safe)."""
+        b = self._batcher
+        with self._lock:
+            tier = self._tier
+            dirty = tier.dirty
+            oldest = 0.0
+            if dirty:
+                first = next(iter(dirty.values()))
+                if first.dirty_since is not None:
+                    oldest = max(0.0, _REAL_MONOTONIC[0]() - first.dirty_since)
+            s = dict(
+                hits=self._memory_hits + self._store_hits, memory_hits=self._memory_hits,
+                store_hits=self._store_hits, misses=self._misses, sets=self._sets,
+                deletes=self._deletes, evictions=tier.evictions, page_faults=tier.page_faults,
+                expirations=self._expirations, pending_pages=tier.pending,
+                dirty_pages=len(dirty), resident_pages=len(tier.lru), max_pages=tier.max_pages,
+                page_size=tier.page_size, oldest_unflushed_seconds=oldest,
+                last_lsn=self._last_lsn)
+        return CacheStats(
+            flushes=b.flushes, flushed_pages=b.flushed_pages, flush_errors=b.errors,
+            log_bytes=self._log.size_bytes() if self._log is not None else 0,
+            store_bytes=self._store.size_bytes() if self._store is not None else 0,
+            checkpoint_lsn=self._store.checkpoint_lsn if self._store is not None else 0,
+            recovered_records=self.recovered_records, recovery_seconds=self.recovery_seconds,
+            torn_records=self.torn_records, **s)
+
+    def histograms(self) -> dict[str, HistogramSnapshot]:
+        """``{"flush_seconds": ..., "flush_pages": ...}`` histogram snapshots."""
+        return {"flush_seconds": self._batcher.flush_seconds.snapshot(),
+                "flush_pages": self._batcher.flush_pages.snapshot()}
+
+    # -- memoize -------------------------------------------------------------------------
+
+    def memoize(self, expire: float | None = None, *, name: str | None = None) -> Callable:
+        """Decorator caching a function's results in this cache.
+
+        The cache key is ``("durablekv.memoize", name, args, sorted kwargs)``;
+        arguments and results must be storable (else ``TypeError``). Concurrent
+        callers with the same arguments share one call (single flight); an
+        exception is not cached and is raised to every caller that waited for it.
+        The function runs with no cache lock held.
+
+        :param expire: TTL of cached results in seconds (None: never).
+        :param name: key prefix; default the function's module and qualified name.
+        """
+        _check_expire(expire)
+
+        def decorator(func: Callable) -> Callable:
+            prefix = name or f"{func.__module__}.{func.__qualname__}"
+            inflight: dict[Any, _Flight] = {}
+            flights = threading.Lock()
+
+            @functools.wraps(func)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                key = ("durablekv.memoize", prefix, args, tuple(sorted(kwargs.items())))
+                value = self.get(key, _MISSING)
+                if value is not _MISSING:
+                    return value
+                with flights:
+                    flight = inflight.get(key)
+                    leader = flight is None
+                    if leader:
+                        flight = inflight[key] = _Flight()
+                if not leader:
+                    return flight.wait()
+                try:
+                    value = self._peek(key)
+                    if value is _MISSING:
+                        value = func(*args, **kwargs)
+                        self.set(key, value, expire=expire)
+                except BaseException as exc:
+                    flight.fail(exc)
+                    raise
+                else:
+                    flight.succeed(value)
+                    return value
+                finally:
+                    with flights:
+                        inflight.pop(key, None)
+
+            wrapper.cache_key = lambda *a, **kw: ("durablekv.memoize", prefix, a,  # type: ignore[attr-defined]
+                                                  tuple(sorted(kw.items())))
+            return wrapper
+
+        return decorator
+
+    def _peek(self, key: Any) -> Any:
+        with self._lock:
+            self._check_open()
+            ref = self._ref(key)
+            if ref is None:
+                return _MISSING
+            page, slot = ref
+            return self._codec.from_memory(page.values[slot])
+
+    # -- batcher protocol (called from the batcher thread) -------------------------------
+
+    def take_snapshot(self) -> _Snapshot | None:
+        with self._lock:
+            tier = self._tier
+            if not tier.dirty and not self._clear_pending and \
+                    self._last_lsn <= self._store.checkpoint_lsn:
+                return None
+            items = [(p, p.version, p.keys_version, p.keys_version != p.stored_keys_version,
+                      list(p.keys), list(p.values), list(p.expires), p.stored_n, p.stored_ttl_n)
+                     for p in tier.dirty.values()]
+            clear = self._clear_pending
+            store = self._store
+            return _Snapshot(self, items, self._last_lsn, clear, self._clear_lsn,
+                             0 if clear else store.key_count, 0 if clear else store.ttl_key_count)
+
+    def flush_done(self, snap: _Snapshot) -> None:
+        with self._lock:
+            tier = self._tier
+            for p, version, kv, _, keys, _, expires, _, _ in snap.items:
+                n = sum(1 for k in keys if k is not EMPTY)
+                ttl_n = sum(1 for k, e in zip(keys, expires) if k is not EMPTY and e is not None)
+                tier.flushed(p, version, kv, n, ttl_n)
+            if snap.clear and self._clear_lsn == snap.clear_lsn:
+                self._clear_pending = False
+            self._cond.notify_all()
+
+    def flush_failed(self, snap: _Snapshot, exc: BaseException) -> None:
+        with self._lock:
+            self._cond.notify_all()
+
+
+class _Flight:
+    """One in-progress memoized call that other callers wait for."""
+
+    __slots__ = ("_event", "_value", "_exc")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._value: Any = None
+        self._exc: BaseException | None = None
+
+    def succeed(self, value: Any) -> None:
+        self._value = value
+        self._event.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self._exc = exc
+        self._event.set()
+
+    def wait(self) -> Any:
+        self._event.wait()
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+
+class _ItemsView(ItemsView):
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        for key in self._mapping:
+            value = self._mapping.get(key, _MISSING)
+            if value is not _MISSING:
+                yield key, value
+
+
+class _ValuesView(ValuesView):
+    def __iter__(self) -> Iterator[Any]:
+        for key in self._mapping:
+            value = self._mapping.get(key, _MISSING)
+            if value is not _MISSING:
+                yield value
+
+
+def _check_expire(expire: Any) -> float | None:
+    if expire is None:
+        return None
+    if type(expire) is bool or not isinstance(expire, (int, float)):
+        raise TypeError(f"expire must be a number of seconds or None, got {type(expire).__name__}")
+    expire = float(expire)
+    if math.isnan(expire) or math.isinf(expire) or expire < 0:
+        raise ValueError(f"expire must be a finite number of seconds >= 0 (or None for no "
+                         f"expiry), got {expire!r}")
+    return expire
+
+
+def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,
+                  max_value_bytes, on_corruption, max_pending_pages, busy_timeout) -> None:
+    def need_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+        if type(value) is not int or value < lo or (hi is not None and value > hi):
+            rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+            raise ConfigError(f"{name} must be an integer {rng}, got {value!r}")
+
+    if page_size is not None:
+        need_int("page_size", page_size, 1, 65535)
+    need_int("max_pages", max_pages, 1)
+    need_int("flush_batch_pages", flush_batch_pages, 1)
+    need_int("max_value_bytes", max_value_bytes, 1, (1 << 31) - 1024)
+    if max_pending_pages is not None:
+        need_int("max_pending_pages", max_pending_pages, 1)
+    for nm, v in (("flush_interval", flush_interval), ("busy_timeout", busy_timeout)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
+            raise ConfigError(f"{nm} must be a positive number of seconds, got {v!r}")
+    if durability not in DURABILITY_MODES:
+        raise ConfigError(f"durability must be one of {DURABILITY_MODES}, got {durability!r}")
+    if on_corruption not in ("raise", "rebuild"):
+        raise ConfigError(f"on_corruption must be 'raise' or 'rebuild', got {on_corruption!r}")
+
+
+def _acquire_dir_lock(path: str) -> int:
+    lock_path = os.path.join(path, LOCK_FILE)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            pid = int(os.pread(fd, 32, 0).split()[0])
+        except (ValueError, IndexError, OSError):
+            pid = None
+        os.close(fd)
+        raise CacheLockedError(path, pid) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _release_dir_lock(fd: int) -> None:
+    try:
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _move_aside(path: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = f"{path}.corrupt-{stamp}"
+    n = 1
+    while os.path.exists(aside):
+        n += 1
+        aside = f"{path}.corrupt-{stamp}-{n}"
+    os.replace(path, aside)
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    return aside

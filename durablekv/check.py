@@ -1,0 +1,167 @@
+"""``durablekv check DIR``: verify a cache directory that no process has open.
+
+Checks, without changing anything:
+
+1. the directory is not open (the ``LOCK`` file is free);
+2. ``pages.sqlite3``: SQLite's ``integrity_check``, the schema version, the
+   settings, and that the key index and the pages agree both ways (every
+   entry of every page has an index row pointing at that page with the same
+   expire_at, and every index row points at a page holding its key), and
+   that the stored key count matches;
+3. the replay log: every record's length and CRC, LSN continuity, torn
+   tails (repaired at the next open, not damage) and records not yet
+   checkpointed (applied again at the next open).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+from dataclasses import dataclass, field
+
+from .codec import canonical_key, decode_key
+from .replaylog import is_torn_tail, list_segments, read_segment
+from .store import STORE_FILE, decode_page, migration_files
+
+__all__ = ["check_directory", "CheckResult"]
+
+
+@dataclass
+class CheckResult:
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)
+
+    def good(self, msg: str) -> None:
+        self.lines.append(f"ok      {msg}")
+
+    def note(self, msg: str) -> None:
+        self.lines.append(f"note    {msg}")
+
+    def bad(self, msg: str) -> None:
+        self.ok = False
+        self.lines.append(f"DAMAGE  {msg}")
+
+
+def check_directory(directory: str) -> CheckResult:
+    """Verify ``directory``; see the module docstring. Never raises for damage."""
+    r = CheckResult()
+    directory = os.path.abspath(directory)
+    if not os.path.isdir(directory):
+        r.bad(f"{directory}: no such directory")
+        return r
+    lock = os.path.join(directory, "LOCK")
+    if os.path.exists(lock):
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            r.bad(f"{directory} is open in another process; close it and check again")
+            return r
+        finally:
+            os.close(fd)
+    checkpoint = _check_store(directory, r)
+    _check_log(directory, checkpoint, r)
+    r.lines.append("result  " + ("healthy" if r.ok else "DAMAGED"))
+    return r
+
+
+def _check_store(directory: str, r: CheckResult) -> int:
+    path = os.path.join(directory, STORE_FILE)
+    if not os.path.exists(path):
+        r.note(f"{path}: no store yet (a cache that was never flushed)")
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        rows = [x[0] for x in conn.execute("PRAGMA integrity_check")]
+    except sqlite3.DatabaseError as exc:
+        r.bad(f"{path}: not a readable SQLite database ({exc})")
+        return 0
+    try:
+        if rows != ["ok"]:
+            r.bad(f"{path}: SQLite integrity_check: {'; '.join(rows[:5])}")
+            return 0
+        r.good(f"{path}: SQLite integrity_check")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        supported = len(migration_files())
+        if version != supported:
+            (r.bad if version > supported or version == 0 else r.note)(
+                f"{path}: schema version {version} (this durablekv: {supported})")
+            if version == 0 or version > supported:
+                return 0
+        meta = dict(conn.execute("SELECT name, value FROM meta"))
+        checkpoint = int(meta.get("checkpoint_lsn", 0))
+        r.good(f"settings: page_size={meta.get('page_size')} serializer={meta.get('serializer')} "
+               f"checkpoint_lsn={checkpoint}")
+        index = {k: (pid, exp) for k, pid, exp in
+                 conn.execute("SELECT key, page_id, expire_at FROM keys")}
+        seen = set()
+        pages = entries = 0
+        for pid, n, data in conn.execute("SELECT page_id, n_entries, data FROM pages"):
+            pages += 1
+            try:
+                got = list(decode_page(data))
+            except ValueError as exc:
+                r.bad(f"page {pid}: cannot be decoded ({exc})")
+                continue
+            if len(got) != n:
+                r.bad(f"page {pid}: holds {len(got)} entries, its row says {n}")
+            for slot, kb, _vb, exp in got:
+                entries += 1
+                try:
+                    ck = canonical_key(decode_key(kb))
+                except (ValueError, TypeError, IndexError) as exc:
+                    r.bad(f"page {pid} slot {slot}: key cannot be decoded ({exc})")
+                    continue
+                seen.add(ck)
+                row = index.get(ck)
+                if row is None:
+                    r.bad(f"page {pid} slot {slot}: key {decode_key(kb)!r} is missing from the index")
+                elif row[0] != pid:
+                    r.bad(f"page {pid} slot {slot}: the index places key {decode_key(kb)!r} "
+                          f"in page {row[0]}")
+                elif row[1] != exp:
+                    r.bad(f"page {pid} slot {slot}: expire_at {exp} but the index says {row[1]}")
+        orphans = set(index) - seen
+        for ck in list(orphans)[:10]:
+            r.bad(f"index row {decode_key(ck)!r} points at page {index[ck][0]}, "
+                  "which does not hold it")
+        if len(orphans) > 10:
+            r.bad(f"... and {len(orphans) - 10} more orphaned index rows")
+        if int(meta.get("key_count", -1)) != len(index):
+            r.bad(f"meta key_count={meta.get('key_count')} but the index has {len(index)} keys")
+        if r.ok:
+            r.good(f"key index agrees with {pages} pages ({entries} entries)")
+        return checkpoint
+    finally:
+        conn.close()
+
+
+def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
+    segments = list_segments(directory)
+    if not segments:
+        r.good("replay log: empty (cleanly closed)")
+        return
+    expect = None
+    pending = 0
+    for i, path in enumerate(segments):
+        records, good_end, damage, size = read_segment(path)
+        for rec in records:
+            if expect is not None and rec.lsn != expect:
+                r.bad(f"{path}: LSN {rec.lsn} follows {expect - 1} (a gap)")
+            expect = rec.lsn + 1
+            if rec.lsn > checkpoint:
+                pending += 1
+        if damage is not None:
+            last = i == len(segments) - 1
+            tail = last and is_torn_tail(path, damage, size)
+            if tail:
+                r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
+                       f"{size - good_end} bytes); it is cut off at the next open")
+            else:
+                r.bad(f"{path}: damaged record at offset {damage.offset} ({damage.detail})")
+        else:
+            r.good(f"{path}: {len(records)} records, CRCs ok")
+    if pending:
+        r.note(f"replay log: {pending} records after checkpoint {checkpoint} are applied "
+               "again at the next open")

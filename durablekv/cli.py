@@ -1,0 +1,340 @@
+"""The ``durablekv`` command line.
+
+``durablekv replay [TRACE]`` replays a cache access trace (or, with no TRACE,
+a generated Zipf workload) through a Cache as look-aside caching and reports
+hit ratios by tier, evictions, page faults, flushes, throughput and latency.
+``durablekv check DIR`` verifies a closed cache directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Sequence
+
+from . import __version__
+from .errors import DurableKVError, TraceFormatError
+from .traces import FORMATS, open_trace, zipf_workload
+
+__all__ = ["main", "replay"]
+
+_MISS = object()
+
+
+class TraceClock:
+    """The trace's own clock, used as the cache's TTL clock during a replay."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _percentile_us(samples: "array.array[int]", q: float) -> float:
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    idx = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[idx] / 1000.0
+
+
+def replay(trace: Any, directory: str, *, page_size: int = 16, max_pages: int = 4096,
+           durability: str = "log", flush_interval: float = 0.05, value_size: int = 100,
+           limit: int | None = None, metrics_port: int | None = None, hold: float = 0.0,
+           progress: bool | None = None, name: str | None = None) -> dict[str, Any]:
+    """Replay ``trace`` (an iterable of :class:`~durablekv.traces.Request`) into a
+    cache at ``directory``; return the report as a flat dict.
+
+    Look-aside: a get that misses is followed by a set of a value of the
+    request's size (``value_size`` bytes when the trace has no sizes); set
+    ops set; delete ops delete. TTLs follow the trace's own timestamps.
+    """
+    from tqdm import tqdm
+
+    from .cache import Cache
+
+    clock = TraceClock()
+    values: dict[int, bytes] = {}
+    gets = sets = deletes = fills = requests = 0
+    get_ns = array.array("q")
+    set_ns = array.array("q")
+    server = None
+    total = trace.size_hint() if hasattr(trace, "size_hint") else None
+    if limit is not None:
+        total = limit if total is None else min(total, limit)
+    cache = Cache(directory, page_size=page_size, max_pages=max_pages, durability=durability,
+                  flush_interval=flush_interval, clock=clock, name=name)
+    try:
+        if metrics_port is not None:
+            from .metrics import serve
+            server = serve(cache, port=metrics_port)
+            print(f"metrics: {server.url}", file=sys.stderr, flush=True)
+        bar = tqdm(total=total, unit="req", unit_scale=True, disable=None if progress is None
+                   else not progress, file=sys.stderr, mininterval=0.5, smoothing=0.1)
+        perf = time.perf_counter_ns
+        get, set_ = cache.get, cache.set
+        t_start = time.perf_counter()
+        for req in trace:
+            if limit is not None and requests >= limit:
+                break
+            requests += 1
+            op, key, size, ttl, t = req
+            if t is not None:
+                clock.now = t
+            if size <= 0:
+                size = value_size
+            if op == "get":
+                gets += 1
+                t0 = perf()
+                v = get(key, _MISS)
+                t1 = perf()
+                get_ns.append(t1 - t0)
+                if v is _MISS:
+                    val = values.get(size)
+                    if val is None:
+                        val = values[size] = b"\x00" * size
+                    fills += 1
+                    t0 = perf()
+                    set_(key, val, ttl)
+                    set_ns.append(perf() - t0)
+            elif op == "set":
+                sets += 1
+                val = values.get(size)
+                if val is None:
+                    val = values[size] = b"\x00" * size
+                t0 = perf()
+                set_(key, val, ttl)
+                set_ns.append(perf() - t0)
+            else:
+                deletes += 1
+                cache.delete(key)
+            if not requests & 0x3FFF:
+                bar.update(0x4000)
+        elapsed = time.perf_counter() - t_start
+        bar.update(requests & 0x3FFF)
+        bar.close()
+        t0 = time.perf_counter()
+        cache.flush()
+        final_flush = time.perf_counter() - t0
+        st = cache.stats()
+        report = {
+            "trace": getattr(trace, "path", str(trace)),
+            "format": getattr(trace, "format", "?"),
+            "page_size": cache.page_size,
+            "max_pages": max_pages,
+            "durability": durability,
+            "requests": requests,
+            "gets": gets,
+            "sets": sets,
+            "deletes": deletes,
+            "fills": fills,
+            "cache_sets": st.sets,
+            "memory_hits": st.memory_hits,
+            "store_hits": st.store_hits,
+            "hits": st.hits,
+            "misses": st.misses,
+            "hit_ratio": st.hits / gets if gets else 0.0,
+            "memory_hit_ratio": st.memory_hits / gets if gets else 0.0,
+            "store_hit_ratio": st.store_hits / gets if gets else 0.0,
+            "evictions": st.evictions,
+            "page_faults": st.page_faults,
+            "expirations": st.expirations,
+            "flushes": st.flushes,
+            "flushed_pages": st.flushed_pages,
+            "sets_per_flushed_page": st.sets / st.flushed_pages if st.flushed_pages else 0.0,
+            "elapsed_seconds": elapsed,
+            "final_flush_seconds": final_flush,
+            "requests_per_second": requests / elapsed if elapsed > 0 else 0.0,
+            "get_latency_p50_us": _percentile_us(get_ns, 0.50),
+            "get_latency_p99_us": _percentile_us(get_ns, 0.99),
+            "set_latency_p50_us": _percentile_us(set_ns, 0.50),
+            "set_latency_p99_us": _percentile_us(set_ns, 0.99),
+        }
+        if server is not None and hold > 0:
+            print(f"replay done; serving metrics for {hold:g} s more", file=sys.stderr, flush=True)
+            time.sleep(hold)
+    finally:
+        try:
+            cache.close()
+        finally:
+            if server is not None:
+                server.close()
+    return report
+
+
+def _print_report(r: dict[str, Any], out=sys.stdout) -> None:
+    def pct(x: float) -> str:
+        return f"{100 * x:6.2f} %"
+
+    lines = [
+        f"trace              {r['trace']} ({r['format']})",
+        f"cache              page_size={r['page_size']} max_pages={r['max_pages']} "
+        f"durability={r['durability']}",
+        f"requests           {r['requests']:,}  (gets {r['gets']:,}, sets {r['sets']:,}, "
+        f"deletes {r['deletes']:,})",
+        f"hit ratio          {pct(r['hit_ratio'])}  (memory {pct(r['memory_hit_ratio'])}, "
+        f"store {pct(r['store_hit_ratio'])})",
+        f"hits               memory {r['memory_hits']:,}, store {r['store_hits']:,}, "
+        f"misses {r['misses']:,}",
+        f"evictions          {r['evictions']:,} pages",
+        f"page faults        {r['page_faults']:,}",
+        f"flushes            {r['flushes']:,} ({r['flushed_pages']:,} pages written for "
+        f"{r['cache_sets']:,} sets)",
+        f"throughput         {r['requests_per_second']:,.0f} requests/s "
+        f"({r['elapsed_seconds']:.2f} s)",
+        f"get latency        p50 {r['get_latency_p50_us']:.1f} us, p99 {r['get_latency_p99_us']:.1f} us",
+        f"set latency        p50 {r['set_latency_p50_us']:.1f} us, p99 {r['set_latency_p99_us']:.1f} us",
+    ]
+    print("\n".join(lines), file=out)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="durablekv", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"durablekv {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("replay", help="replay a cache trace (or a Zipf workload) and report",
+                       description="Replay a cache access trace through durablekv as look-aside "
+                       "caching (a get that misses is followed by a set) and report hit ratios "
+                       "by tier, evictions, page faults, flushes, throughput and latency. "
+                       "Formats: " + ", ".join(FORMATS) + ". With no TRACE, a seeded Zipf "
+                       "workload is replayed.")
+    p.add_argument("trace", nargs="?", help="trace file (omit for a generated Zipf workload)")
+    p.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
+                   help="trace format (default: from the file name or CSV header)")
+    p.add_argument("--dir", help="cache directory (default: a temporary directory, removed "
+                   "afterwards); an existing cache there is reopened and replayed into")
+    p.add_argument("--page-size", type=_positive_int, default=16, help="slots per page (default 16)")
+    p.add_argument("--max-pages", type=_positive_int, default=4096,
+                   help="pages resident in memory (default 4096)")
+    p.add_argument("--durability", choices=("fsync", "log", "none"), default="log")
+    p.add_argument("--flush-interval", type=_positive_float, default=0.05,
+                   help="seconds between write-behind flushes (default 0.05)")
+    p.add_argument("--value-size", type=_positive_int, default=100,
+                   help="bytes per value when the trace has no sizes (default 100)")
+    p.add_argument("--limit", type=_positive_int, help="replay only the first N requests")
+    p.add_argument("--requests", type=_positive_int, default=1_000_000,
+                   help="Zipf workload: requests (default 1,000,000)")
+    p.add_argument("--keys", type=_positive_int, default=100_000,
+                   help="Zipf workload: distinct keys (default 100,000)")
+    p.add_argument("--alpha", type=float, default=0.99, help="Zipf workload: skew (default 0.99)")
+    p.add_argument("--set-fraction", type=float, default=0.1,
+                   help="Zipf workload: share of set requests (default 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="Zipf workload: random seed (default 0)")
+    p.add_argument("--metrics-port", type=_nonneg_int,
+                   help="serve Prometheus /metrics on 127.0.0.1:PORT during the replay (0: any free port)")
+    p.add_argument("--hold", type=float, default=0.0,
+                   help="with --metrics-port: keep serving this many seconds after the replay")
+    p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
+    p.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="always show a progress bar (default: only on a terminal)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=_cmd_replay)
+
+    c = sub.add_parser("check", help="verify a closed cache directory",
+                       description="Verify a cache directory that no process has open: SQLite "
+                       "integrity, the key index against the pages, the replay log's records "
+                       "and CRCs. Exit status 0 when healthy, 1 on damage.")
+    c.add_argument("dir", help="cache directory")
+    c.set_defaults(func=_cmd_check)
+    return parser
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    if args.trace is None:
+        trace: Any = zipf_workload(requests=args.requests, keys=args.keys, alpha=args.alpha,
+                                   seed=args.seed, set_fraction=args.set_fraction,
+                                   value_size=args.value_size)
+    else:
+        trace = open_trace(args.trace, args.format)
+    tmp = None
+    directory = args.dir
+    if directory is None:
+        tmp = directory = tempfile.mkdtemp(prefix="durablekv-replay-")
+    try:
+        report = replay(trace, directory, page_size=args.page_size, max_pages=args.max_pages,
+                        durability=args.durability, flush_interval=args.flush_interval,
+                        value_size=args.value_size, limit=args.limit,
+                        metrics_port=args.metrics_port, hold=args.hold, progress=args.progress,
+                        name="replay" if tmp else None)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _print_report(report)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .check import check_directory
+
+    result = check_directory(args.dir)
+    for line in result.lines:
+        print(line)
+    return 0 if result.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TraceFormatError as exc:
+        print(f"durablekv: bad trace: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"durablekv: no such file: {exc.filename}", file=sys.stderr)
+        return 2
+    except DurableKVError as exc:
+        print(f"durablekv: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("durablekv: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""Key and value encoding: safe by default, exact types, canonical keys.
+
+The default codec is a small tagged binary format (not pickle): loading a
+value can never run code. It round-trips exactly these types:
+
+======  =========================================  ==========================
+tag     type                                       payload
+======  =========================================  ==========================
+``N``   ``None``                                   -
+``T``   ``True``                                   -
+``F``   ``False``                                  -
+``q``   ``int`` in [-2**63, 2**63)                 int64, little-endian
+``I``   any other ``int``                          u32 length + ASCII decimal
+``d``   ``float``                                  float64, little-endian
+``s``   ``str``                                    u32 length + UTF-8 (surrogatepass)
+``b``   ``bytes``                                  u32 length + raw bytes
+``t``   ``tuple``                                  u32 count + items
+``l``   ``list``  (values only)                    u32 count + items
+``m``   ``dict``  (values only)                    u32 count + key, value, ...
+======  =========================================  ==========================
+
+Subclasses (an ``IntEnum``, a ``str`` subclass) are refused with a
+``TypeError`` naming the type, because they could not come back as the same
+type.
+
+Keys: ``str``, ``bytes``, ``int``, ``float``, ``bool``, ``None`` and tuples of
+these. Two keys are the same key exactly when a Python dict says so
+(``1 == 1.0 == True``): :func:`canonical_key` maps equal keys to one byte
+string (``True`` and ``1.0`` become ``1``; ``-0.0`` becomes ``0``), which is
+what the SQLite key index stores; the original key is stored beside it so it
+comes back with its own type. NaN is refused as a key: it is not equal to
+itself, so it could never be found again.
+
+``serializer="pickle"`` stores values with :mod:`pickle` instead (any
+picklable object). Never open a pickle store that others can write: loading a
+pickle can run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import struct
+from typing import Any, Callable
+
+__all__ = [
+    "encode_key", "decode_key", "canonical_key", "check_key",
+    "ValueCodec", "SafeCodec", "PickleCodec", "codec_by_name",
+]
+
+_Q = struct.Struct("<q")
+_D = struct.Struct("<d")
+_U32 = struct.Struct("<I")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+_KEY_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def _enc(obj: Any, out: list, allow_containers: bool, what: str) -> None:
+    t = type(obj)
+    if t is str:
+        b = obj.encode("utf-8", "surrogatepass")
+        out.append(b"s" + _U32.pack(len(b)))
+        out.append(b)
+    elif t is bytes:
+        out.append(b"b" + _U32.pack(len(obj)))
+        out.append(obj)
+    elif t is int:
+        if _INT64_MIN <= obj <= _INT64_MAX:
+            out.append(b"q" + _Q.pack(obj))
+        else:
+            s = str(obj).encode()
+            out.append(b"I" + _U32.pack(len(s)))
+            out.append(s)
+    elif t is float:
+        out.append(b"d" + _D.pack(obj))
+    elif obj is None:
+        out.append(b"N")
+    elif obj is True:
+        out.append(b"T")
+    elif obj is False:
+        out.append(b"F")
+    elif t is tuple:
+        out.append(b"t" + _U32.pack(len(obj)))
+        for item in obj:
+            _enc(item, out, allow_containers, what)
+    elif allow_containers and t is list:
+        out.append(b"l" + _U32.pack(len(obj)))
+        for item in obj:
+            _enc(item, out, True, what)
+    elif allow_containers and t is dict:
+        out.append(b"m" + _U32.pack(len(obj)))
+        for k, v in obj.items():
+            _enc(k, out, True, what)
+            _enc(v, out, True, what)
+    else:
+        allowed = ("None, bool, int, float, str, bytes, tuple, list and dict"
+                   if allow_containers else
+                   "str, bytes, int, float, bool, None and tuples of these")
+        hint = (" (pass serializer='pickle' to store arbitrary picklable objects)"
+                if allow_containers else "")
+        raise TypeError(
+            f"cannot store {what} of type {t.__module__}.{t.__qualname__}: "
+            f"durablekv {what}s may be {allowed}{hint}")
+
+
+def _dec(buf: bytes, pos: int) -> tuple[Any, int]:
+    tag = buf[pos]
+    pos += 1
+    if tag == 0x73:  # s
+        (n,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        return buf[pos:pos + n].decode("utf-8", "surrogatepass"), pos + n
+    if tag == 0x62:  # b
+        (n,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        return buf[pos:pos + n], pos + n
+    if tag == 0x71:  # q
+        return _Q.unpack_from(buf, pos)[0], pos + 8
+    if tag == 0x64:  # d
+        return _D.unpack_from(buf, pos)[0], pos + 8
+    if tag == 0x4E:  # N
+        return None, pos
+    if tag == 0x54:  # T
+        return True, pos
+    if tag == 0x46:  # F
+        return False, pos
+    if tag == 0x49:  # I
+        (n,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        return int(buf[pos:pos + n]), pos + n
+    if tag in (0x74, 0x6C):  # t, l
+        (n,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        items = []
+        for _ in range(n):
+            item, pos = _dec(buf, pos)
+            items.append(item)
+        return (tuple(items) if tag == 0x74 else items), pos
+    if tag == 0x6D:  # m
+        (n,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        d = {}
+        for _ in range(n):
+            k, pos = _dec(buf, pos)
+            v, pos = _dec(buf, pos)
+            d[k] = v
+        return d, pos
+    raise ValueError(f"unknown type tag {tag!r} at byte {pos - 1}")
+
+
+def _decode_all(buf: bytes) -> Any:
+    obj, pos = _dec(buf, 0)
+    if pos != len(buf):
+        raise ValueError(f"{len(buf) - pos} trailing bytes after the encoded object")
+    return obj
+
+
+def check_key(key: Any) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``key`` is a supported key."""
+    t = type(key)
+    if t is str or t is int or t is bytes:
+        return
+    if t is float:
+        if key != key:
+            raise ValueError("a NaN key is never equal to itself, so it could never be "
+                             "found again; use another key")
+        return
+    if t is tuple:
+        for item in key:
+            check_key(item)
+        return
+    if key is None or t is bool:
+        return
+    _enc(key, [], False, "key")  # raises the TypeError naming the type
+
+
+def encode_key(key: Any) -> bytes:
+    """Encode ``key`` exactly (its own type kept), for the log and the pages.
+
+    :raises TypeError: the key (or an item of a tuple key) has an unsupported type.
+    :raises ValueError: the key is or contains NaN.
+    """
+    t = type(key)
+    if t is str:
+        b = key.encode("utf-8", "surrogatepass")
+        return b"s" + _U32.pack(len(b)) + b
+    check_key(key)
+    out: list[bytes] = []
+    _enc(key, out, False, "key")
+    return b"".join(out)
+
+
+def decode_key(data: bytes) -> Any:
+    """Inverse of :func:`encode_key` (and of :func:`canonical_key`)."""
+    return _decode_all(data)
+
+
+def _canon(key: Any) -> Any:
+    t = type(key)
+    if t is bool:
+        return int(key)
+    if t is float and key.is_integer():
+        return int(key)
+    if t is tuple:
+        return tuple(_canon(k) for k in key)
+    return key
+
+
+def canonical_key(key: Any) -> bytes:
+    """Bytes that are equal exactly when the keys are equal under ``==``.
+
+    Used as the SQLite key index's primary key. ``True``, ``1`` and ``1.0``
+    all map to the encoding of ``1``.
+    """
+    t = type(key)
+    if t is str:
+        b = key.encode("utf-8", "surrogatepass")
+        return b"s" + _U32.pack(len(b)) + b
+    return encode_key(_canon(key))
+
+
+class Frozen:
+    """A stored value kept encoded in memory because it is mutable.
+
+    A list or dict handed to ``set`` is encoded at once; ``get`` decodes a
+    fresh copy, so mutating what you stored or what you got back never
+    changes the cache (as with diskcache, and unlike a plain dict).
+    """
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+
+_SHAREABLE_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
+
+
+def _shareable(obj: Any) -> bool:
+    t = type(obj)
+    if t in _SHAREABLE_SCALARS:
+        return True
+    if t is tuple:
+        return all(_shareable(x) for x in obj)
+    return False
+
+
+class ValueCodec:
+    """Encodes values for the log and the store; decides what memory may share.
+
+    ``encode(value) -> bytes`` raises ``TypeError`` for unsupported types;
+    ``decode(bytes) -> value``; ``memory_form(value, blob)`` is what a slot
+    holds: the object itself when it is immutable, else a :class:`Frozen`.
+    """
+
+    name = "abstract"
+
+    def encode(self, value: Any) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, data: bytes) -> Any:
+        raise NotImplementedError
+
+    def memory_form(self, value: Any, blob: bytes) -> Any:
+        return value if _shareable(value) else Frozen(blob)
+
+    def from_memory(self, held: Any) -> Any:
+        return self.decode(held.blob) if type(held) is Frozen else held
+
+    def to_blob(self, held: Any) -> bytes:
+        return held.blob if type(held) is Frozen else self.encode(held)
+
+    def memory_form_from_blob(self, blob: bytes) -> Any:
+        return self.memory_form(self.decode(blob), blob)
+
+
+class SafeCodec(ValueCodec):
+    """The default: the tagged format above; no code runs on load."""
+
+    name = "safe"
+
+    def encode(self, value: Any) -> bytes:
+        t = type(value)
+        if t is str:
+            b = value.encode("utf-8", "surrogatepass")
+            return b"s" + _U32.pack(len(b)) + b
+        if t is bytes:
+            return b"b" + _U32.pack(len(value)) + value
+        out: list[bytes] = []
+        _enc(value, out, True, "value")
+        return b"".join(out)
+
+    def decode(self, data: bytes) -> Any:
+        return _decode_all(data)
+
+    def memory_form_from_blob(self, blob: bytes) -> Any:
+        tag = blob[0]
+        if tag == 0x6C or tag == 0x6D:  # list, dict: keep encoded
+            return Frozen(blob)
+        return self.memory_form(_decode_all(blob), blob)
+
+
+class PickleCodec(ValueCodec):
+    """Opt-in pickle values. UNSAFE for stores that others can write."""
+
+    name = "pickle"
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise TypeError(f"cannot pickle value of type {type(value).__qualname__}: {exc}") from exc
+
+    def decode(self, data: bytes) -> Any:
+        return pickle.loads(data)
+
+    def memory_form_from_blob(self, blob: bytes) -> Any:
+        return Frozen(blob)
+
+
+_CODECS: dict[str, Callable[[], ValueCodec]] = {"safe": SafeCodec, "json": SafeCodec,
+                                                "pickle": PickleCodec}
+
+
+def codec_by_name(name: str | ValueCodec) -> ValueCodec:
+    """``"safe"`` (default; ``"json"`` is an alias) or ``"pickle"``, or a ValueCodec."""
+    if isinstance(name, ValueCodec):
+        return name
+    try:
+        return _CODECS[name]()
+    except (KeyError, TypeError):
+        from .errors import ConfigError
+        raise ConfigError(f"unknown serializer {name!r}; use 'safe' (default) or 'pickle'") from None

@@ -1,0 +1,227 @@
+"""The durablekv exception tree.
+
+Every error a user can meet is one of these classes. Each subclass also inherits
+the built-in exception it resembles, so code written for a dict or for the
+standard library keeps working (``except ValueError`` catches a bad ``expire``
+and a closed cache alike)::
+
+    DurableKVError (Exception)
+     ├── CacheLockedError        the directory is open in another process
+     ├── CacheClosedError        (ValueError) use after close()
+     ├── CacheFailedError        (RuntimeError) fail-stop after a write error
+     ├── ConfigError             (ValueError) bad or conflicting settings
+     ├── StoreError              problems with pages.sqlite3
+     │    ├── CorruptStoreError  the file is not a readable durablekv store
+     │    └── SchemaVersionError the file was written by a newer durablekv
+     ├── LogError                problems with the replay log
+     │    ├── LogCorruptionError a damaged record before the log's tail
+     │    └── LogWriteError      (OSError) an append or fsync failed
+     ├── WriteBehindError        a background flush to SQLite failed
+     │    └── FlushTimeoutError  (TimeoutError) flush(timeout=...) ran out
+     └── TraceFormatError        (ValueError) a trace file could not be read
+
+Context (``path``, ``offset``, ``lsn``, ``pid`` ...) is kept as attributes and
+rendered in the message, which says what happened, where, and what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DurableKVError",
+    "CacheLockedError",
+    "CacheClosedError",
+    "CacheFailedError",
+    "ConfigError",
+    "StoreError",
+    "CorruptStoreError",
+    "SchemaVersionError",
+    "LogError",
+    "LogCorruptionError",
+    "LogWriteError",
+    "WriteBehindError",
+    "FlushTimeoutError",
+    "TraceFormatError",
+]
+
+
+class DurableKVError(Exception):
+    """Root of every error raised by durablekv."""
+
+
+class CacheLockedError(DurableKVError):
+    """The cache directory is already open (in this or another process).
+
+    :ivar path: the directory.
+    :ivar pid: the owner's process id, or None when it could not be read.
+    """
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        self.path = path
+        self.pid = pid
+        owner = f"process {pid}" if pid else "another process"
+        super().__init__(
+            f"cache directory {path!r} is already open in {owner}; "
+            "close it there first, or open a different directory "
+            "(one process owns a cache directory at a time)"
+        )
+
+
+class CacheClosedError(DurableKVError, ValueError):
+    """An operation was attempted on a cache that has been closed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"cache {path!r} is closed; open a new Cache({path!r}) to use it again"
+        )
+
+
+class CacheFailedError(DurableKVError, RuntimeError):
+    """The cache stopped accepting writes after an error it could not undo.
+
+    Raised on every write after the failure (fail-stop) so that nothing is
+    acknowledged that recovery could not rebuild. Close and reopen the cache;
+    recovery replays the log.
+    """
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        self.path = path
+        self.cause = cause
+        super().__init__(
+            f"cache {path!r} has failed and accepts no more writes "
+            f"(cause: {cause!r}); close it and reopen the directory to recover"
+        )
+
+
+class ConfigError(DurableKVError, ValueError):
+    """A setting is invalid or conflicts with what is stored on disk."""
+
+
+class StoreError(DurableKVError):
+    """A problem with the SQLite page store (``pages.sqlite3``)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class CorruptStoreError(StoreError):
+    """``pages.sqlite3`` is damaged or is not a durablekv store."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"page store {path!r} is damaged or not a durablekv store ({detail}); "
+            "open with on_corruption='rebuild' to move it aside and start empty "
+            "(the replay log is still applied), or restore it from a backup",
+            path,
+        )
+        self.detail = detail
+
+
+class SchemaVersionError(StoreError):
+    """The store was written by a newer version of durablekv."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        super().__init__(
+            f"page store {path!r} has schema version {found}, but this durablekv "
+            f"supports up to {supported}; upgrade durablekv to open it",
+            path,
+        )
+        self.found = found
+        self.supported = supported
+
+
+class LogError(DurableKVError):
+    """A problem with the replay log."""
+
+
+class LogCorruptionError(LogError):
+    """A damaged record was found before the tail of the replay log.
+
+    A damaged record at the very end (a torn write) is repaired silently; one
+    followed by more data is not, because skipping it could drop acknowledged
+    writes.
+
+    :ivar path: the log segment.
+    :ivar offset: byte offset of the damaged record in that file.
+    """
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.detail = detail
+        super().__init__(
+            f"replay log {path!r} is damaged at byte offset {offset} ({detail}); "
+            "records after it cannot be trusted. Open with salvage_log=True to keep "
+            "the records before the damage and move the file aside, "
+            "or restore the directory from a backup"
+        )
+
+
+class LogWriteError(LogError, OSError):
+    """Appending to or fsyncing the replay log failed; the write was not acknowledged."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        self.path = path
+        self.cause = cause
+        OSError.__init__(
+            self,
+            cause.errno,
+            f"could not append to replay log {path!r}: {cause.strerror or cause}; "
+            "the write was NOT stored. Free disk space or fix the file system, then retry",
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+class WriteBehindError(DurableKVError):
+    """A background flush of dirty pages to SQLite failed.
+
+    The pages stay dirty in memory and are retried; nothing acknowledged is lost
+    while the process lives (and the replay log covers a crash).
+    """
+
+    def __init__(self, path: str, cause: BaseException | None, message: str | None = None) -> None:
+        self.path = path
+        self.cause = cause
+        super().__init__(
+            message
+            or (
+                f"write-behind flush to {path!r} failed: {cause!r}; the pages stay "
+                "dirty in memory and are retried. Check disk space and whether another "
+                "process holds a lock on the store"
+            )
+        )
+
+
+class FlushTimeoutError(WriteBehindError, TimeoutError):
+    """``flush(timeout=...)`` ran out before every acknowledged write was in SQLite."""
+
+    def __init__(self, path: str, timeout: float, cause: BaseException | None = None) -> None:
+        extra = f" (last flush error: {cause!r})" if cause is not None else ""
+        super().__init__(
+            path,
+            cause,
+            f"flush of {path!r} did not finish within {timeout} s{extra}; the writes "
+            "are still pending in memory and will be written when the store accepts them",
+        )
+        self.timeout = timeout
+
+
+class TraceFormatError(DurableKVError, ValueError):
+    """A trace file is malformed or of an unknown format.
+
+    :ivar path: the trace file.
+    :ivar line: 1-based line (text formats) or record number (binary), or None.
+    """
+
+    def __init__(self, path: str, line: int | None, detail: str) -> None:
+        self.path = path
+        self.line = line
+        self.detail = detail
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(
+            f"{where}: {detail}; see `durablekv replay --help` for the supported "
+            "formats, or pass --format explicitly"
+        )

@@ -1,0 +1,286 @@
+"""The memory tier: fixed-size pages, a page table, a free list, page-level LRU.
+
+Pure data structures: no threads, no I/O, no locks (the cache serialises
+access). The design is a database buffer pool shrunk to key/value entries
+(PostgreSQL shared buffers, InnoDB's buffer pool):
+
+* A :class:`Page` has ``page_size`` slots; a slot holds one entry
+  (key, value, expire_at). New keys fill the *open page*; a full page takes
+  the next page id from the *free list* (ids of pages that became empty) or
+  a fresh id.
+* The *page table* maps a key to ``(page, slot)`` for every page held in
+  memory. Python's dict gives it exactly dict key equality (``1 == 1.0``).
+* A page is *resident* (in the LRU order, at most ``max_pages`` of them) or
+  *pending* (evicted while dirty: out of the LRU, still in the page table,
+  waiting for the write-behind batcher). A clean page that is evicted leaves
+  memory altogether.
+* Recency is per page: touching any entry touches its page. With
+  ``page_size=1`` this is exactly an entry-level LRU of ``max_pages`` entries.
+* Dirty tracking is by version (invariant 4 of the design): every change
+  bumps ``page.version``; a flush remembers the version it wrote, and a page
+  changed while its flush was in flight stays dirty.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterator
+
+__all__ = ["Page", "MemoryTier", "EMPTY"]
+
+
+class _Empty:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "EMPTY"
+
+
+#: Marker for an unused slot.
+EMPTY: Any = _Empty()
+
+RESIDENT, PENDING = 1, 2
+
+
+class Page:
+    """One page: ``page_size`` slots of (key, value, expire_at).
+
+    :ivar page_id: int id, also its row id in the SQLite store.
+    :ivar keys/values/expires: parallel lists, one item per slot; ``keys[i]``
+        is :data:`EMPTY` for a free slot; ``expires[i]`` is absolute epoch
+        seconds or None.
+    :ivar used: slots in use.
+    :ivar version: bumped by every change (dirty tracking by version).
+    :ivar keys_version: bumped when the set of keys or an expire_at changes,
+        so a flush can skip rewriting the key index for value-only changes.
+    :ivar dirty_since: ``time.monotonic()`` when the page became dirty, or None.
+    :ivar stored_n / stored_ttl_n: entries (with an expire_at) as last
+        committed to the store; used to keep the store's counts exact.
+    """
+
+    __slots__ = ("page_id", "keys", "values", "expires", "used", "version",
+                 "keys_version", "state", "dirty_since", "stored_n",
+                 "stored_ttl_n", "stored_keys_version", "free_slots")
+
+    def __init__(self, page_id: int, page_size: int) -> None:
+        self.page_id = page_id
+        self.keys: list[Any] = [EMPTY] * page_size
+        self.values: list[Any] = [None] * page_size
+        self.expires: list[float | None] = [None] * page_size
+        self.used = 0
+        self.version = 0
+        self.keys_version = 0
+        self.stored_keys_version = 0
+        self.state = RESIDENT
+        self.dirty_since: float | None = None
+        self.stored_n = 0
+        self.stored_ttl_n = 0
+        self.free_slots: list[int] = list(range(page_size - 1, -1, -1))
+
+    def __repr__(self) -> str:
+        st = "resident" if self.state == RESIDENT else "pending"
+        return f"<Page {self.page_id} {self.used}/{len(self.keys)} {st} v{self.version}>"
+
+    def entries(self) -> Iterator[tuple[int, Any, Any, float | None]]:
+        """Yield ``(slot, key, held_value, expire_at)`` for each used slot."""
+        keys, values, expires = self.keys, self.values, self.expires
+        for i, k in enumerate(keys):
+            if k is not EMPTY:
+                yield i, k, values[i], expires[i]
+
+
+class MemoryTier:
+    """Page table, resident pages in LRU order, pending pages, free list.
+
+    :param page_size: slots per page (>= 1).
+    :param max_pages: most pages resident at once (>= 1).
+
+    Public attributes are read directly by the cache's hot path:
+    ``table`` (key -> (page, slot)), ``lru`` (OrderedDict of resident pages,
+    least recently used first), ``pages`` (page_id -> Page for every page in
+    memory), ``dirty`` (page_id -> Page, in the order they became dirty).
+    """
+
+    def __init__(self, page_size: int, max_pages: int) -> None:
+        self.page_size = page_size
+        self.max_pages = max_pages
+        self.table: dict[Any, tuple[Page, int]] = {}
+        self.pages: dict[int, Page] = {}
+        self.lru: OrderedDict[Page, None] = OrderedDict()
+        self.dirty: dict[int, Page] = {}
+        self.free: list[int] = []
+        self.open_page: Page | None = None
+        self.next_page_id = 1
+        self.pending = 0
+        self.evictions = 0
+        self.page_faults = 0
+        self.evicted: list[Page] = []  # scratch: pages evicted by the last call
+
+    # -- residency -------------------------------------------------------------
+
+    def touch(self, page: Page) -> None:
+        """Mark ``page`` most recently used (it must be resident)."""
+        self.lru.move_to_end(page)
+
+    def make_resident(self, page: Page) -> None:
+        """Put a pending or newly built page at the MRU end, evicting if full."""
+        if page.state == PENDING:
+            self.pending -= 1
+        page.state = RESIDENT
+        self.lru[page] = None
+        self.lru.move_to_end(page)
+        while len(self.lru) > self.max_pages:
+            self._evict(next(iter(self.lru)))
+
+    def _evict(self, page: Page) -> None:
+        del self.lru[page]
+        self.evictions += 1
+        if page is self.open_page:
+            self.open_page = None
+        if page.page_id in self.dirty:
+            page.state = PENDING
+            self.pending += 1
+        else:
+            self._drop(page)
+
+    def _drop(self, page: Page) -> None:
+        """Forget a clean page that is not resident."""
+        table = self.table
+        for k in page.keys:
+            if k is not EMPTY:
+                del table[k]
+        del self.pages[page.page_id]
+
+    def install(self, page_id: int, entries: list[tuple[int, Any, Any, float | None]],
+                stored_n: int, stored_ttl_n: int) -> Page:
+        """Make a page read from the store resident (a page fault).
+
+        :param entries: ``(slot, key, held_value, expire_at)`` as stored.
+        """
+        page = Page(page_id, self.page_size)
+        free = set(range(self.page_size))
+        for slot, key, held, exp in entries:
+            page.keys[slot] = key
+            page.values[slot] = held
+            page.expires[slot] = exp
+            self.table[key] = (page, slot)
+            free.discard(slot)
+        page.used = len(entries)
+        page.free_slots = sorted(free, reverse=True)
+        page.stored_n = stored_n
+        page.stored_ttl_n = stored_ttl_n
+        self.pages[page_id] = page
+        self.page_faults += 1
+        self.make_resident(page)
+        return page
+
+    def fault_pending(self, page: Page) -> None:
+        """Take a pending page back from the write-behind queue (a page fault)."""
+        self.page_faults += 1
+        self.make_resident(page)
+
+    # -- changes ---------------------------------------------------------------
+
+    def mark_dirty(self, page: Page, now: float) -> None:
+        page.version += 1
+        if page.page_id not in self.dirty:
+            self.dirty[page.page_id] = page
+            page.dirty_since = now
+
+    def _take_page(self) -> Page:
+        page = self.open_page
+        if page is not None and page.used < self.page_size:
+            return page
+        if self.free:
+            pid = self.free.pop()
+            page = self.pages.get(pid)
+            if page is None:
+                page = Page(pid, self.page_size)
+                self.pages[pid] = page
+                self.make_resident(page)
+            elif page.state == PENDING:
+                self.make_resident(page)
+        else:
+            pid = self.next_page_id
+            self.next_page_id += 1
+            page = Page(pid, self.page_size)
+            self.pages[pid] = page
+            self.make_resident(page)
+        self.open_page = page
+        return page
+
+    def insert(self, key: Any, held: Any, expire_at: float | None, now: float) -> Page:
+        """Add a new key (not in the table) to the open page; return its page."""
+        page = self._take_page()
+        slot = page.free_slots.pop()
+        page.keys[slot] = key
+        page.values[slot] = held
+        page.expires[slot] = expire_at
+        page.used += 1
+        page.keys_version += 1
+        self.table[key] = (page, slot)
+        self.mark_dirty(page, now)
+        if page.state == RESIDENT:
+            self.lru.move_to_end(page)
+        return page
+
+    def update(self, page: Page, slot: int, held: Any, expire_at: float | None,
+               now: float) -> None:
+        """Overwrite the entry in ``slot`` (the key stays as first stored)."""
+        page.values[slot] = held
+        if page.expires[slot] != expire_at:
+            page.expires[slot] = expire_at
+            page.keys_version += 1
+        self.mark_dirty(page, now)
+
+    def remove(self, key: Any, now: float) -> tuple[Page, int]:
+        """Remove ``key`` (which must be in the table); return its old place."""
+        page, slot = self.table.pop(key)
+        page.keys[slot] = EMPTY
+        page.values[slot] = None
+        page.expires[slot] = None
+        page.used -= 1
+        page.keys_version += 1
+        page.free_slots.append(slot)
+        self.mark_dirty(page, now)
+        if page.used == 0 and page is not self.open_page:
+            # An empty page needs no residency: it leaves the LRU (without
+            # counting as an eviction) and its id goes to the free list. It is
+            # still dirty: the batcher deletes its row.
+            if page.state == RESIDENT:
+                del self.lru[page]
+                page.state = PENDING
+                self.pending += 1
+            self.free.append(page.page_id)
+        return page, slot
+
+    def clear(self) -> None:
+        """Forget every page (the store is wiped separately)."""
+        self.table.clear()
+        self.pages.clear()
+        self.lru.clear()
+        self.dirty.clear()
+        self.free.clear()
+        self.open_page = None
+        self.pending = 0
+
+    # -- write-behind bookkeeping ----------------------------------------------
+
+    def flushed(self, page: Page, version: int, keys_version: int, n: int, ttl_n: int) -> None:
+        """Record that ``page`` at ``version`` is committed to the store."""
+        page.stored_n = n
+        page.stored_ttl_n = ttl_n
+        page.stored_keys_version = keys_version
+        if self.pages.get(page.page_id) is not page:
+            return  # forgotten meanwhile (clear())
+        if page.version == version:
+            self.dirty.pop(page.page_id, None)
+            page.dirty_since = None
+            if page.state == PENDING:
+                self.pending -= 1
+                self._drop(page)
+        else:
+            # Changed while the flush was in flight: still dirty, and now the
+            # most recently dirtied.
+            self.dirty.pop(page.page_id, None)
+            self.dirty[page.page_id] = page

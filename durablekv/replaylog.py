@@ -1,0 +1,435 @@
+"""The replay log: every set and delete, appended before the call returns.
+
+This is a redo log in the sense of a database WAL (PostgreSQL's WAL, InnoDB's
+redo log): the memory tier and the SQLite store are rebuilt from it after a
+crash. Records carry a log sequence number (LSN); the store keeps the LSN of
+its last checkpoint, and recovery re-applies every record after it, in LSN
+order. Applying a record whose change already reached SQLite is harmless
+(last writer wins).
+
+On-disk format (all integers little-endian)
+-------------------------------------------
+
+The log is a series of segment files ``replay-<first LSN, 20 digits>.log`` in
+the cache directory. A segment starts with the 8-byte magic
+``b"DKVLOG1\\n"`` followed by records::
+
+    record  = header payload
+    header  = <IIQ  length u32 | crc u32 | lsn u64          (16 bytes)
+    payload = <BdI  op u8 | expire_at f64 (NaN: none) | key length u32   (13 bytes)
+              key bytes (durablekv.codec.encode_key)
+              value bytes (the value codec; empty for a delete or clear)
+
+``length`` is the payload's size; ``crc`` is CRC-32 (zlib) of the 12 bytes
+``length, lsn`` followed by the payload. Ops: 1 set, 2 delete, 3 clear.
+LSNs increase by exactly one from record to record across segments.
+
+Recovery (:meth:`ReplayLog.recover`) reads the segments in order. A damaged
+record at the very end of the last segment (cut short, zero-filled, or a bad
+CRC on the final record) is a torn write from a crash: it is cut off, logged
+and counted. A damaged record anywhere else raises
+:class:`~durablekv.errors.LogCorruptionError` with the path and offset,
+unless recovery runs with ``salvage=True``, which keeps the good prefix and
+moves the damaged file aside (``*.damaged``).
+
+Durability: each append is one ``os.write`` of the whole record on an
+``O_APPEND`` descriptor, so a killed process leaves either the whole record
+in the OS or a torn tail. ``fsync`` mode then fsyncs before the call returns;
+concurrent writers share one fsync (group commit, as in PostgreSQL's
+``commit_delay`` and InnoDB's group commit). ``log`` mode leaves the fsync to
+the batcher, once per ``flush_interval``. Segments are deleted only once a
+checkpoint at or beyond their last LSN is durably committed in SQLite.
+
+Fault-injection seams: :meth:`ReplayLog._write` and :meth:`ReplayLog._fsync`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from .errors import LogCorruptionError, LogWriteError
+
+__all__ = ["ReplayLog", "LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC"]
+
+log = logging.getLogger("durablekv.replaylog")
+
+MAGIC = b"DKVLOG1\n"
+HEADER = struct.Struct("<IIQ")
+PAYLOAD = struct.Struct("<BdI")
+assert HEADER.size == 16 and PAYLOAD.size == 13
+_LEN_LSN = struct.Struct("<IQ")
+OP_SET, OP_DELETE, OP_CLEAR = 1, 2, 3
+_NAN = float("nan")
+_MAX_RECORD = 1 << 31
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    lsn: int
+    op: int
+    key: bytes
+    value: bytes
+    expire_at: float | None
+
+
+def segment_name(first_lsn: int) -> str:
+    return f"replay-{first_lsn:020d}.log"
+
+
+def list_segments(directory: str) -> list[str]:
+    """Paths of the log segments in ``directory``, oldest first."""
+    names = sorted(n for n in os.listdir(directory)
+                   if n.startswith("replay-") and n.endswith(".log"))
+    return [os.path.join(directory, n) for n in names]
+
+
+def encode_record(lsn: int, op: int, key: bytes, value: bytes, expire_at: float | None) -> bytes:
+    payload = PAYLOAD.pack(op, _NAN if expire_at is None else expire_at, len(key)) + key + value
+    n = len(payload)
+    crc = zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn)))
+    return HEADER.pack(n, crc, lsn) + payload
+
+
+class _Damage(Exception):
+    def __init__(self, offset: int, detail: str) -> None:
+        self.offset = offset
+        self.detail = detail
+
+
+def read_segment(path: str) -> tuple[list[LogRecord], int, _Damage | None, int]:
+    """Parse one segment: ``(records, good_end_offset, damage_or_None, file_size)``.
+
+    ``damage`` describes the first bad record; ``good_end_offset`` is where it
+    starts (everything before it is valid).
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    size = len(data)
+    if size < len(MAGIC):
+        if data == MAGIC[:size]:
+            return [], 0, (_Damage(0, "segment header cut short") if size else None), size
+        return [], 0, _Damage(0, "not a durablekv log segment (bad magic)"), size
+    if data[:len(MAGIC)] != MAGIC:
+        return [], 0, _Damage(0, "not a durablekv log segment (bad magic)"), size
+    pos = len(MAGIC)
+    records: list[LogRecord] = []
+    hsize, psize = HEADER.size, PAYLOAD.size
+    while pos < size:
+        if pos + hsize > size:
+            return records, pos, _Damage(pos, "record header cut short"), size
+        n, crc, lsn = HEADER.unpack_from(data, pos)
+        if n < psize or n > _MAX_RECORD:
+            return records, pos, _Damage(pos, f"impossible record length {n}"), size
+        end = pos + hsize + n
+        if end > size:
+            return records, pos, _Damage(pos, f"record of {n} bytes cut short at end of file"), size
+        payload = data[pos + hsize:end]
+        if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) != crc:
+            return records, pos, _Damage(pos, f"CRC mismatch in record LSN {lsn}"), size
+        op, exp, klen = PAYLOAD.unpack_from(payload, 0)
+        if op not in (OP_SET, OP_DELETE, OP_CLEAR) or psize + klen > n:
+            return records, pos, _Damage(pos, f"malformed record LSN {lsn}"), size
+        key = payload[psize:psize + klen]
+        value = payload[psize + klen:]
+        records.append(LogRecord(lsn, op, key, value, None if exp != exp else exp))
+        pos = end
+    return records, pos, None, size
+
+
+def is_torn_tail(path: str, damage: "_Damage", size: int) -> bool:
+    """Whether damage found in the LAST segment is a torn write from a crash:
+    a record cut short at the end of the file, a zero-filled tail (as after a
+    power loss on some file systems), or a bad CRC on the final record."""
+    return (_is_zero_tail(path, damage.offset)
+            or damage.detail.startswith(("record of", "record header cut", "segment header"))
+            or (damage.detail.startswith("CRC") and _record_end(path, damage.offset) == size))
+
+
+def _is_zero_tail(path: str, offset: int) -> bool:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while chunk := f.read(1 << 16):
+            if chunk.count(0) != len(chunk):
+                return False
+    return True
+
+
+@dataclass
+class RecoveryResult:
+    records: list[LogRecord]
+    torn_records: int
+    torn_bytes: int
+    salvaged: list[str]
+
+
+class ReplayLog:
+    """Append-only log of sets and deletes, in segments.
+
+    :param directory: the cache directory.
+    :param durability: ``"fsync"`` (every append is fsynced before
+        :meth:`sync_to` returns) or ``"log"`` (the batcher calls :meth:`sync`
+        once per interval).
+    :param segment_bytes: a segment is sealed and a new one started once it
+        grows past this many bytes.
+
+    Thread-safety: :meth:`append` is called under the cache's lock (one
+    writer at a time, so file order is LSN order); :meth:`sync`,
+    :meth:`sync_to` and :meth:`truncate_through` may run from any thread.
+    """
+
+    def __init__(self, directory: str, *, durability: str = "log",
+                 segment_bytes: int = 64 << 20) -> None:
+        self.directory = directory
+        self.durability = durability
+        self.segment_bytes = segment_bytes
+        self._fd: int | None = None
+        self._path: str | None = None
+        self._size = 0
+        self._last_lsn = 0
+        self._synced_lsn = 0
+        # (path, last_lsn) of sealed segments, oldest first
+        self._sealed: list[tuple[str, int]] = []
+        self._lock = threading.Lock()       # guards _fd/_path swap, _sealed, byte counts
+        self._sync_lock = threading.Lock()  # one fsync at a time (group commit)
+        self._sealed_bytes = 0
+
+    # -- seams for fault injection ---------------------------------------------------
+
+    def _write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def _fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    # -- recovery ----------------------------------------------------------------------
+
+    def recover(self, after_lsn: int, *, salvage: bool = False) -> RecoveryResult:
+        """Read every segment; return records with LSN > ``after_lsn``.
+
+        Cuts a torn tail off the last segment (the file is truncated). Sealed
+        segments are remembered so that :meth:`truncate_through` can delete
+        them once a checkpoint passes them.
+
+        :raises LogCorruptionError: a damaged record before the tail (and
+            ``salvage`` is False).
+        """
+        segments = list_segments(self.directory)
+        out: list[LogRecord] = []
+        torn = torn_bytes = 0
+        salvaged: list[str] = []
+        expect = None
+        for i, path in enumerate(segments):
+            records, good_end, damage, size = read_segment(path)
+            last = i == len(segments) - 1
+            if damage is not None:
+                if last and is_torn_tail(path, damage, size):
+                    torn += 1
+                    torn_bytes += size - good_end
+                    log.warning("replay log %s: cut a torn tail of %d bytes at offset %d (%s)",
+                                path, size - good_end, damage.offset, damage.detail)
+                    if good_end == 0:
+                        os.unlink(path)
+                    else:
+                        with open(path, "r+b") as f:
+                            f.truncate(good_end)
+                            f.flush()
+                            os.fsync(f.fileno())
+                elif salvage:
+                    aside = path + ".damaged"
+                    os.replace(path, aside)
+                    salvaged.append(aside)
+                    log.error("replay log %s damaged at offset %d (%s); kept %d good records, "
+                              "moved the file to %s", path, damage.offset, damage.detail,
+                              len(records), aside)
+                    # later segments cannot be trusted to follow on: set them aside too
+                    for later in segments[i + 1:]:
+                        os.replace(later, later + ".damaged")
+                        salvaged.append(later + ".damaged")
+                    segments = segments[:i + 1]
+                else:
+                    raise LogCorruptionError(path, damage.offset, damage.detail)
+            for r in records:
+                if expect is not None and r.lsn != expect:
+                    if salvage:
+                        break
+                    raise LogCorruptionError(path, 0, f"LSN {r.lsn} follows {expect - 1}: "
+                                             "a segment is missing or out of order")
+                expect = r.lsn + 1
+                if r.lsn > after_lsn:
+                    out.append(r)
+            if os.path.exists(path) and not salvaged[-1:] == [path + ".damaged"]:
+                self._sealed.append((path, records[-1].lsn if records else 0))
+                self._sealed_bytes += good_end if damage is not None else size
+            if salvaged:
+                break
+        self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
+        return RecoveryResult(out, torn, torn_bytes, salvaged)
+
+    # -- appending -------------------------------------------------------------------
+
+    @property
+    def last_lsn(self) -> int:
+        return self._last_lsn
+
+    def start(self, next_lsn: int) -> None:
+        """Open a new segment whose first record will have LSN ``next_lsn``."""
+        with self._lock:
+            self._open_segment(next_lsn)
+
+    def _open_segment(self, first_lsn: int) -> None:
+        path = os.path.join(self.directory, segment_name(first_lsn))
+        # A sealed segment of the same name can only hold no records (its
+        # first LSN is not yet used): it is replaced, not kept as sealed.
+        self._sealed = [s for s in self._sealed if s[0] != path]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+        try:
+            self._write_all(fd, MAGIC, path)
+            if self.durability == "fsync":
+                self._fsync(fd)
+                _fsync_dir(self.directory)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        self._fd, self._path, self._size = fd, path, len(MAGIC)
+
+    def _write_all(self, fd: int, data: bytes, path: str) -> None:
+        try:
+            n = self._write(fd, data)
+        except OSError as exc:
+            raise LogWriteError(path, exc) from exc
+        if n != len(data):
+            # A short write leaves a torn record: cut it off again so that the
+            # next append does not land behind garbage.
+            try:
+                os.ftruncate(fd, os.fstat(fd).st_size - n)
+            except OSError:
+                pass
+            raise LogWriteError(path, OSError(28, f"short write ({n} of {len(data)} bytes)"))
+
+    def append(self, lsn: int, op: int, key: bytes, value: bytes, expire_at: float | None) -> int:
+        """Write one record (LSN must be ``last_lsn + 1``); return its size in bytes.
+
+        The record is in the OS when this returns; call :meth:`sync_to` for
+        fsync durability.
+
+        :raises LogWriteError: the write failed; nothing was appended.
+        """
+        record = encode_record(lsn, op, key, value, expire_at)
+        if self._size >= self.segment_bytes:
+            self._roll(lsn)
+        self._write_all(self._fd, record, self._path)
+        self._size += len(record)
+        self._last_lsn = lsn
+        return len(record)
+
+    def _roll(self, next_lsn: int) -> None:
+        with self._lock:
+            old_fd, old_path = self._fd, self._path
+            if self.durability != "none":
+                try:
+                    self._fsync(old_fd)
+                except OSError as exc:
+                    raise LogWriteError(old_path, exc) from exc
+            self._open_segment(next_lsn)
+            os.close(old_fd)
+            self._sealed.append((old_path, self._last_lsn))
+            self._sealed_bytes += os.path.getsize(old_path)
+
+    def sync(self) -> None:
+        """fsync everything appended so far (``log`` mode: the batcher, once per interval)."""
+        self.sync_to(self._last_lsn)
+
+    def sync_to(self, lsn: int) -> None:
+        """Return once every record up to ``lsn`` is fsynced; one fsync serves all waiters.
+
+        :raises LogWriteError: fsync failed (the cache then fails stop).
+        """
+        if self._synced_lsn >= lsn:
+            return
+        with self._sync_lock:
+            if self._synced_lsn >= lsn:
+                return
+            with self._lock:
+                if self._fd is None:
+                    return
+                target = self._last_lsn
+                fd = os.dup(self._fd)
+                path = self._path
+            try:
+                self._fsync(fd)
+            except OSError as exc:
+                raise LogWriteError(path, exc) from exc
+            finally:
+                os.close(fd)
+            self._synced_lsn = max(self._synced_lsn, target)
+
+    def truncate_through(self, lsn: int) -> int:
+        """Delete sealed segments whose records all have LSN <= ``lsn``; return how many.
+
+        Call only with a checkpoint LSN that is durably committed in the store.
+        """
+        with self._lock:
+            doomed = [s for s in self._sealed if s[1] <= lsn]
+            self._sealed = [s for s in self._sealed if s[1] > lsn]
+        for path, _ in doomed:
+            try:
+                size = os.path.getsize(path)
+                os.unlink(path)
+            except FileNotFoundError:
+                size = 0
+            with self._lock:
+                self._sealed_bytes -= size
+        return len(doomed)
+
+    def size_bytes(self) -> int:
+        """Bytes in all live segments."""
+        return self._sealed_bytes + self._size
+
+    def close(self, *, remove: bool = False) -> None:
+        """Close the current segment; ``remove`` deletes every segment (after a
+        final checkpoint that covers the whole log)."""
+        with self._lock:
+            fd, path = self._fd, self._path
+            self._fd = None
+        if fd is not None:
+            os.close(fd)
+        if remove:
+            for p, _ in self._sealed:
+                if os.path.exists(p):
+                    os.unlink(p)
+            if path and os.path.exists(path):
+                os.unlink(path)
+            self._sealed.clear()
+            self._sealed_bytes = 0
+            self._size = 0
+            _fsync_dir(self.directory)
+
+
+def _record_end(path: str, offset: int) -> int:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        head = f.read(HEADER.size)
+    if len(head) < HEADER.size:
+        return -1
+    n = HEADER.unpack(head)[0]
+    return offset + HEADER.size + n
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

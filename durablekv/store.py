@@ -1,0 +1,373 @@
+"""The SQLite page store: pages, the key index and the checkpoint LSN.
+
+File: ``pages.sqlite3`` in the cache directory, plain SQLite in WAL mode
+(``sqlite3 pages.sqlite3 .schema`` shows a readable schema). The schema comes
+from the SQL files of the top-level ``migrations/`` folder, shipped inside the
+package as ``durablekv.migrations``; ``PRAGMA user_version`` records how many
+have been applied.
+
+Tables:
+
+* ``pages(page_id, n_entries, data)``: one row per non-empty page.
+* ``keys(key, page_id, expire_at, orig)``: the key index, canonical key bytes
+  (see :func:`durablekv.codec.canonical_key`) to the page holding the entry.
+* ``meta(name, value)``: ``page_size`` and ``serializer`` (fixed at creation),
+  ``checkpoint_lsn``, ``key_count`` and ``ttl_key_count`` (set by every flush).
+
+Page blob format (little-endian): for each used slot, a header
+``<HdII`` = (slot u16, expire_at f64 or NaN for none, key length u32,
+value length u32), then the encoded key (:func:`durablekv.codec.encode_key`),
+then the encoded value (the cache's value codec).
+
+Threads: the write connection is used only by the write-behind batcher's
+thread (and by open/close, when that thread is not running); the read
+connection only under the cache's lock. WAL lets the reader proceed while a
+flush transaction is open (invariant 7: the hot path never waits for the
+batcher). ``sqlite3.Error`` is translated to :mod:`durablekv.errors` in one
+place, :func:`_translate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sqlite3
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from .errors import ConfigError, CorruptStoreError, SchemaVersionError, StoreError
+
+__all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "migration_files",
+           "STORE_FILE"]
+
+STORE_FILE = "pages.sqlite3"
+_ENTRY = struct.Struct("<HdII")
+assert _ENTRY.size == 18
+_NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class PageImage:
+    """One page as the batcher writes it.
+
+    :ivar page_id: the page's id.
+    :ivar n: entries in the page (0 deletes the row).
+    :ivar ttl_n: entries that have an expire_at.
+    :ivar data: the page blob (see module docstring).
+    :ivar index_rows: ``(canonical_key, expire_at, orig_or_None)`` for every
+        entry when the page's key set changed since it was last stored, else
+        None (value-only change: the index is left alone).
+    """
+
+    page_id: int
+    n: int
+    ttl_n: int
+    data: bytes
+    index_rows: Sequence[tuple[bytes, float | None, bytes | None]] | None
+
+
+def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> bytes:
+    """Pack ``(slot, key_bytes, value_bytes, expire_at)`` entries into a page blob."""
+    out = []
+    pack = _ENTRY.pack
+    for slot, kb, vb, exp in entries:
+        out.append(pack(slot, _NAN if exp is None else exp, len(kb), len(vb)))
+        out.append(kb)
+        out.append(vb)
+    return b"".join(out)
+
+
+def decode_page(data: bytes) -> Iterator[tuple[int, bytes, bytes, float | None]]:
+    """Inverse of :func:`encode_page`; raises ``ValueError`` on a damaged blob."""
+    pos, end = 0, len(data)
+    unpack = _ENTRY.unpack_from
+    size = _ENTRY.size
+    while pos < end:
+        if pos + size > end:
+            raise ValueError(f"truncated entry header at byte {pos}")
+        slot, exp, kl, vl = unpack(data, pos)
+        pos += size
+        if pos + kl + vl > end:
+            raise ValueError(f"entry at byte {pos - size} runs past the page end")
+        kb = data[pos:pos + kl]
+        pos += kl
+        vb = data[pos:pos + vl]
+        pos += vl
+        yield slot, kb, vb, (None if exp != exp else exp)
+
+
+def migration_files() -> list[tuple[int, str, str]]:
+    """The packaged migrations as ``(version, name, sql)``, in order."""
+    try:
+        from importlib.resources import files
+        root: Any = files("durablekv.migrations")
+        items = [p for p in root.iterdir() if p.name.endswith(".sql")]
+    except ModuleNotFoundError:  # pragma: no cover - running from a source tree
+        root = Path(__file__).resolve().parent.parent / "migrations"
+        items = list(root.glob("*.sql"))
+    out = []
+    for p in items:
+        prefix = p.name.split("_", 1)[0]
+        if not prefix.isdigit():
+            continue
+        out.append((int(prefix), p.name, p.read_text(encoding="utf-8")))
+    out.sort()
+    for i, (v, name, _) in enumerate(out, 1):
+        if v != i:
+            raise RuntimeError(f"migration {name} is out of sequence (expected number {i})")
+    return out
+
+
+@contextlib.contextmanager
+def _translate(path: str, what: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        msg = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and not _looks_corrupt(msg):
+            raise StoreError(f"{what} on page store {path!r} failed: {msg}", path) from exc
+        if isinstance(exc, sqlite3.DatabaseError) and _looks_corrupt(msg):
+            raise CorruptStoreError(path, msg) from exc
+        raise StoreError(f"{what} on page store {path!r} failed: {msg}", path) from exc
+
+
+def _looks_corrupt(msg: str) -> bool:
+    m = msg.lower()
+    return ("malformed" in m or "not a database" in m or "file is encrypted" in m
+            or "corrupt" in m)
+
+
+class SQLitePageStore:
+    """Pages and the key index in one SQLite file.
+
+    :param directory: the cache directory (must exist).
+    :param durability: ``"fsync"``/``"log"`` commit with ``synchronous=FULL``
+        (a committed flush survives power loss, so the log may be cut back
+        behind it); ``"none"`` uses ``synchronous=NORMAL``.
+    :param page_size: slots per page; None adopts the stored value (16 for a
+        new store).
+    :param serializer: name of the value codec; fixed at creation.
+    :param busy_timeout: seconds SQLite waits on a lock held by another
+        process before a statement fails (the batcher then retries).
+    :raises CorruptStoreError: the file is not a readable durablekv store.
+    :raises SchemaVersionError: the file comes from a newer durablekv.
+    :raises ConfigError: ``page_size``/``serializer`` differ from the stored ones.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, durability: str = "log",
+                 page_size: int | None = None, serializer: str = "safe",
+                 busy_timeout: float = 5.0) -> None:
+        self.path = os.path.join(os.fspath(directory), STORE_FILE)
+        self._w: sqlite3.Connection | None = None
+        self._r: sqlite3.Connection | None = None
+        existed = os.path.exists(self.path) and os.path.getsize(self.path) > 0
+        if existed:
+            with open(self.path, "rb") as f:
+                head = f.read(16)
+            if head != b"SQLite format 3\x00":
+                raise CorruptStoreError(self.path, "the file does not start with the SQLite header")
+        try:
+            with _translate(self.path, "open"):
+                self._w = self._connect(durability, busy_timeout)
+                self._migrate()
+                self._settings(page_size, serializer)
+                self._r = self._connect(durability, busy_timeout)
+                self._r.execute("PRAGMA query_only = ON")
+                row = self._w.execute(
+                    "SELECT (SELECT value FROM meta WHERE name='checkpoint_lsn'),"
+                    " (SELECT value FROM meta WHERE name='key_count'),"
+                    " (SELECT value FROM meta WHERE name='ttl_key_count'),"
+                    " (SELECT MAX(page_id) FROM pages)").fetchone()
+        except BaseException:
+            self.close()
+            raise
+        self.checkpoint_lsn: int = int(row[0])
+        self.key_count: int = int(row[1])
+        self.ttl_key_count: int = int(row[2])
+        self.max_page_id: int = int(row[3] or 0)
+
+    # -- opening -----------------------------------------------------------------
+
+    def _connect(self, durability: str, busy_timeout: float) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"could not put {self.path!r} in WAL mode (got {mode!r}); "
+                             "the file system may not support shared memory", self.path)
+        conn.execute("PRAGMA synchronous = " + ("NORMAL" if durability == "none" else "FULL"))
+        return conn
+
+    def _migrate(self) -> None:
+        conn = self._w
+        assert conn is not None
+        migrations = migration_files()
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current > len(migrations):
+            raise SchemaVersionError(self.path, current, len(migrations))
+        if current == 0:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if names:
+                raise CorruptStoreError(self.path, "a SQLite database that is not a durablekv store "
+                                        f"(tables {sorted(names)!r})")
+        for version, name, sql in migrations[current:]:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in _statements(sql):
+                    conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {version}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def _settings(self, page_size: int | None, serializer: str) -> None:
+        conn = self._w
+        assert conn is not None
+        stored = dict(conn.execute(
+            "SELECT name, value FROM meta WHERE name IN ('page_size', 'serializer')"))
+        if "page_size" not in stored:
+            self.page_size = 16 if page_size is None else page_size
+            conn.execute("INSERT INTO meta (name, value) VALUES ('page_size', ?), ('serializer', ?)",
+                         (self.page_size, serializer))
+            self.serializer = serializer
+            return
+        self.page_size = int(stored["page_size"])
+        self.serializer = str(stored.get("serializer", "safe"))
+        if page_size is not None and page_size != self.page_size:
+            raise ConfigError(
+                f"{self.path!r} was created with page_size={self.page_size}, not {page_size}; "
+                f"open it without page_size (or with page_size={self.page_size}), "
+                "or use a new directory")
+        if _norm_codec(serializer) != _norm_codec(self.serializer):
+            raise ConfigError(
+                f"{self.path!r} stores values with serializer={self.serializer!r}, not "
+                f"{serializer!r}; open it with serializer={self.serializer!r}")
+
+    # -- reads (cache lock held) -----------------------------------------------------
+
+    def lookup(self, ckey: bytes) -> int | None:
+        """The page id holding canonical key ``ckey`` in the committed store, or None."""
+        with _translate(self.path, "key lookup"):
+            row = self._r.execute("SELECT page_id FROM keys WHERE key = ?", (ckey,)).fetchone()
+        return None if row is None else row[0]
+
+    def read_page(self, page_id: int) -> tuple[int, bytes] | None:
+        """``(n_entries, blob)`` of a committed page, or None."""
+        with _translate(self.path, "page read"):
+            row = self._r.execute("SELECT n_entries, data FROM pages WHERE page_id = ?",
+                                  (page_id,)).fetchone()
+        return row
+
+    def scan_index(self) -> Iterator[tuple[bytes, bytes | None, int, float | None]]:
+        """Every committed index row ``(key, orig, page_id, expire_at)``."""
+        with _translate(self.path, "index scan"):
+            rows = self._r.execute("SELECT key, orig, page_id, expire_at FROM keys").fetchall()
+        return iter(rows)
+
+    def pages_with_expired(self, now: float) -> list[int]:
+        """Ids of committed pages holding an entry with ``expire_at <= now``."""
+        with _translate(self.path, "expiry scan"):
+            return [r[0] for r in self._r.execute(
+                "SELECT DISTINCT page_id FROM keys WHERE expire_at IS NOT NULL AND expire_at <= ?",
+                (now,))]
+
+    def any_key(self, exclude_pages: set[int]) -> tuple[bytes, bytes | None] | None:
+        """Some committed ``(key, orig)`` on a page not in ``exclude_pages``, or None."""
+        with _translate(self.path, "index scan"):
+            for key, orig, pid in self._r.execute("SELECT key, orig, page_id FROM keys"):
+                if pid not in exclude_pages:
+                    return key, orig
+        return None
+
+    # -- writes (batcher thread) -------------------------------------------------------
+
+    def write_batch(self, images: Sequence[PageImage], checkpoint_lsn: int, key_count: int,
+                    ttl_key_count: int, clear: bool = False) -> None:
+        """Write pages, index changes and the checkpoint LSN in ONE transaction.
+
+        :param clear: delete every page and index row first (``Cache.clear()``).
+        :raises StoreError: the transaction failed and was rolled back.
+        """
+        conn = self._w
+        with _translate(self.path, "flush"):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if clear:
+                    conn.execute("DELETE FROM pages")
+                    conn.execute("DELETE FROM keys")
+                for img in images:
+                    if img.index_rows is not None:
+                        conn.execute("DELETE FROM keys WHERE page_id = ?", (img.page_id,))
+                        if img.index_rows:
+                            pid = img.page_id
+                            conn.executemany(
+                                "INSERT OR REPLACE INTO keys (key, page_id, expire_at, orig) "
+                                "VALUES (?, ?, ?, ?)",
+                                [(k, pid, e, o) for k, e, o in img.index_rows])
+                    if img.n:
+                        conn.execute("INSERT OR REPLACE INTO pages (page_id, n_entries, data) "
+                                     "VALUES (?, ?, ?)", (img.page_id, img.n, img.data))
+                    else:
+                        conn.execute("DELETE FROM pages WHERE page_id = ?", (img.page_id,))
+                conn.executemany("UPDATE meta SET value = ? WHERE name = ?",
+                                 [(checkpoint_lsn, "checkpoint_lsn"), (key_count, "key_count"),
+                                  (ttl_key_count, "ttl_key_count")])
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        self.checkpoint_lsn = checkpoint_lsn
+        self.key_count = key_count
+        self.ttl_key_count = ttl_key_count
+
+    # -- misc ------------------------------------------------------------------------
+
+    def size_bytes(self) -> int:
+        """Bytes of the store file and its WAL (0 for files that are missing)."""
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.stat(self.path + suffix).st_size
+        return total
+
+    def integrity_check(self) -> list[str]:
+        """Run SQLite's ``integrity_check`` (O(store size)); [] when healthy."""
+        with _translate(self.path, "integrity check"):
+            rows = [r[0] for r in self._w.execute("PRAGMA integrity_check")]
+        return [] if rows == ["ok"] else rows
+
+    def close(self, checkpoint_wal: bool = False) -> None:
+        """Close both connections; ``checkpoint_wal`` folds the WAL into the file first."""
+        for attr in ("_r", "_w"):
+            conn = getattr(self, attr)
+            if conn is None:
+                continue
+            setattr(self, attr, None)
+            with contextlib.suppress(sqlite3.Error):
+                if checkpoint_wal and attr == "_w":
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.close()
+
+
+def _norm_codec(name: str) -> str:
+    return "safe" if name in ("safe", "json") else name
+
+
+def _statements(sql: str) -> Iterator[str]:
+    buf = ""
+    for line in sql.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                yield buf.strip()
+            buf = ""
+    if buf.strip():
+        raise RuntimeError(f"incomplete SQL statement in migration: {buf.strip()[:60]!r}")

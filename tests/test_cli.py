@@ -1,0 +1,135 @@
+"""`durablekv replay` on the real traces and the generated workload."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durablekv.cli import main
+
+from .conftest import trace_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+REPORT_KEYS = {
+    "requests", "gets", "sets", "deletes", "memory_hits", "store_hits", "misses", "hit_ratio",
+    "memory_hit_ratio", "store_hit_ratio", "evictions", "page_faults", "flushes",
+    "flushed_pages", "cache_sets", "requests_per_second", "get_latency_p50_us",
+    "get_latency_p99_us", "set_latency_p50_us", "set_latency_p99_us",
+}
+
+LARGER_TRACES = ["cache2k_orm-busy.i32be", "arc_OLTP.lis", "scarab_recs.i64be",
+                 "cloudPhysicsIO.csv"]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "durablekv", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=900)
+
+
+def replay_json(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "report.json"
+    assert main(["replay", *args, "--json", str(out), "--no-progress"]) == 0
+    return json.loads(out.read_text())
+
+
+def check_report(r: dict, requests: int) -> None:
+    assert REPORT_KEYS <= set(r), REPORT_KEYS - set(r)
+    assert r["requests"] == requests
+    assert r["gets"] + r["sets"] + r["deletes"] == requests
+    assert r["memory_hits"] + r["store_hits"] + r["misses"] == r["gets"]
+    assert r["hit_ratio"] == pytest.approx((r["memory_hits"] + r["store_hits"]) / r["gets"])
+    assert 0 <= r["memory_hit_ratio"] <= r["hit_ratio"] <= 1
+    assert r["requests_per_second"] > 0
+
+
+@pytest.mark.parametrize("name", LARGER_TRACES)
+def test_replay_each_larger_trace_prefix(tmp_path, name):
+    r = replay_json(tmp_path, str(trace_path(name)), "--limit", "30000", "--max-pages", "256")
+    check_report(r, 30_000)
+    assert r["misses"] > 0 and r["hits"] > 0
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("name", LARGER_TRACES)
+def test_replay_each_larger_trace_whole(tmp_path, name):
+    """The whole trace, through the real command line in a subprocess."""
+    out = tmp_path / "r.json"
+    proc = run_cli("replay", str(trace_path(name)), "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "hit ratio" in proc.stdout and "throughput" in proc.stdout
+    r = json.loads(out.read_text())
+    expected = {"cache2k_orm-busy.i32be": 5_000_000, "arc_OLTP.lis": 914_145,
+                "scarab_recs.i64be": 1_245_184, "cloudPhysicsIO.csv": 113_872}[name]
+    check_report(r, expected)
+
+
+def test_replay_cachelib_sample_with_ttls_and_deletes(tmp_path):
+    r = replay_json(tmp_path, str(trace_path("metakv_cachelib_sample1.csv")))
+    check_report(r, 691)
+    assert r["deletes"] > 0 and r["sets"] > 0
+
+
+def test_replay_generated_workload_runs_without_shared(tmp_path):
+    """The README's first command: no trace file needed."""
+    proc = run_cli("replay", "--requests", "20000", "--keys", "2000", "--json",
+                   str(tmp_path / "r.json"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for label in ("requests", "hit ratio", "evictions", "page faults", "flushes", "throughput",
+                  "get latency", "set latency"):
+        assert label in proc.stdout
+    check_report(json.loads((tmp_path / "r.json").read_text()), 20_000)
+
+
+def test_skewed_replay_coalesces_writes(tmp_path):
+    """Replaying a skewed trace writes far fewer pages to SQLite than it performs sets."""
+    r = replay_json(tmp_path, str(trace_path("cache2k_orm-busy.i32be")), "--limit", "300000",
+                    "--max-pages", "64")
+    assert r["cache_sets"] == r["misses"] > 10_000
+    assert r["flushed_pages"] * 8 < r["cache_sets"], (r["flushed_pages"], r["cache_sets"])
+
+
+def test_hot_key_overwrites_coalesce(tmp_path):
+    """Half the requests are sets of Zipf-hot keys: many sets share one page write."""
+    r = replay_json(tmp_path, "--requests", "200000", "--keys", "5000", "--alpha", "1.1",
+                    "--set-fraction", "0.5", "--max-pages", "400")
+    assert r["cache_sets"] > 90_000
+    assert r["flushed_pages"] * 3 < r["cache_sets"], (r["flushed_pages"], r["cache_sets"])
+
+
+def test_replay_into_existing_dir_is_warm(tmp_path):
+    d = tmp_path / "warm"
+    first = replay_json(tmp_path, "--requests", "5000", "--keys", "500", "--dir", str(d))
+    second = replay_json(tmp_path, "--requests", "5000", "--keys", "500", "--dir", str(d))
+    assert first["misses"] > 0
+    assert second["misses"] == 0  # every key is in the store after the first run
+
+
+def test_bad_trace_gets_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "bad.lis"
+    bad.write_text("1 1 0 0\n2 1 0 0\nthree 1 0 0\n")
+    assert main(["replay", str(bad), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.lis:3" in err and "Traceback" not in err
+
+
+def test_unknown_format_and_missing_file(tmp_path, capsys):
+    odd = tmp_path / "trace.bin"
+    odd.write_bytes(b"\x00\x01\x02")
+    assert main(["replay", str(odd), "--no-progress"]) == 2
+    assert "trace.bin" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "nope.lis"), "--no-progress"]) == 2
+    assert "nope.lis" in capsys.readouterr().err
+
+
+def test_bad_options_are_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", "--max-pages", "0"])
+    assert exc.value.code == 2
+    assert "max-pages" in capsys.readouterr().err
