@@ -143,21 +143,36 @@ def read_segment(path: str) -> tuple[list[LogRecord], int, _Damage | None, int]:
 
 
 def is_torn_tail(path: str, damage: "_Damage", size: int) -> bool:
-    """Whether damage found in the LAST segment is a torn write from a crash:
-    a record cut short at the end of the file, a zero-filled tail (as after a
-    power loss on some file systems), or a bad CRC on the final record."""
-    return (_is_zero_tail(path, damage.offset)
-            or damage.detail.startswith(("record of", "record header cut", "segment header"))
-            or (damage.detail.startswith("CRC") and _record_end(path, damage.offset) == size))
+    """Whether damage found in the LAST segment is a torn write from a crash.
 
-
-def _is_zero_tail(path: str, offset: int) -> bool:
+    A crash can only damage the end of the log: the record being appended is
+    cut short, or (after a power loss on some file systems) the tail is
+    zero-filled or holds garbage. So the damage is a torn tail exactly when
+    no intact record starts anywhere after it; an intact record behind the
+    damage means the middle of the log is corrupt, and dropping the tail
+    would drop acknowledged writes.
+    """
     with open(path, "rb") as f:
-        f.seek(offset)
-        while chunk := f.read(1 << 16):
-            if chunk.count(0) != len(chunk):
-                return False
-    return True
+        data = f.read()
+    tail = data[damage.offset:]
+    if tail.count(0) == len(tail):
+        return True
+    return _next_intact_record(data, damage.offset + 1) is None
+
+
+def _next_intact_record(data: bytes, start: int) -> int | None:
+    """Offset of the first record at or after ``start`` whose CRC checks out."""
+    hsize, psize = HEADER.size, PAYLOAD.size
+    size = len(data)
+    unpack = HEADER.unpack_from
+    for pos in range(start, size - hsize - psize + 1):
+        n, crc, lsn = unpack(data, pos)
+        if n < psize or pos + hsize + n > size:
+            continue
+        payload = data[pos + hsize:pos + hsize + n]
+        if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) == crc:
+            return pos
+    return None
 
 
 @dataclass
@@ -263,7 +278,7 @@ class ReplayLog:
                 expect = r.lsn + 1
                 if r.lsn > after_lsn:
                     out.append(r)
-            if os.path.exists(path) and not salvaged[-1:] == [path + ".damaged"]:
+            if os.path.exists(path):
                 self._sealed.append((path, records[-1].lsn if records else 0))
                 self._sealed_bytes += good_end if damage is not None else size
             if salvaged:
@@ -410,16 +425,6 @@ class ReplayLog:
             self._sealed_bytes = 0
             self._size = 0
             _fsync_dir(self.directory)
-
-
-def _record_end(path: str, offset: int) -> int:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        head = f.read(HEADER.size)
-    if len(head) < HEADER.size:
-        return -1
-    n = HEADER.unpack(head)[0]
-    return offset + HEADER.size + n
 
 
 def _fsync_dir(directory: str) -> None:

@@ -1,0 +1,161 @@
+"""Replay log damage: torn tails are cut, corruption before the tail is an error.
+
+A "crash" here stops the cache without a flush or a clean close
+(``_teardown(clean=False)``): the batcher is stopped, the log is left as it
+is. The real-process kills are in test_crash.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from durablekv import Cache, LogCorruptionError
+from durablekv.replaylog import HEADER, MAGIC, list_segments, read_segment
+
+NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
+
+
+def crash(cache: Cache) -> None:
+    """Stop ``cache`` as a killed process would leave it (no flush, log kept)."""
+    cache._teardown(clean=False)
+
+
+def write_abc(directory: Path) -> tuple[str, list[int]]:
+    """Set a, b, c; crash before any flush. Return the segment and record offsets."""
+    cache = Cache(directory, **NEVER)
+    for k in "abc":
+        cache[k] = k.upper() * 10
+    crash(cache)
+    (seg,) = list_segments(str(directory))
+    data = Path(seg).read_bytes()
+    offsets, pos = [], len(MAGIC)
+    while pos < len(data):
+        offsets.append(pos)
+        pos += HEADER.size + HEADER.unpack_from(data, pos)[0]
+    assert len(offsets) == 3
+    return seg, offsets
+
+
+def contents(directory: Path, **kw) -> dict:
+    with Cache(directory, **kw) as cache:
+        return dict(cache.items())
+
+
+def test_nothing_flushed_everything_recovered(tmp_path):
+    write_abc(tmp_path / "c")
+    with Cache(tmp_path / "c") as cache:
+        assert dict(cache.items()) == {"a": "A" * 10, "b": "B" * 10, "c": "C" * 10}
+        assert cache.stats().recovered_records == 3
+
+
+def test_cut_at_every_offset_of_the_last_record(tmp_path):
+    """br022 step 2, for every byte: a, b stay; c goes; startup succeeds; later writes survive."""
+    master = tmp_path / "master"
+    seg, offsets = write_abc(master)
+    size = os.path.getsize(seg)
+    for cut in range(offsets[2], size):
+        d = tmp_path / f"cut{cut}"
+        shutil.copytree(master, d)
+        with open(d / os.path.basename(seg), "r+b") as f:
+            f.truncate(cut)
+        with Cache(d) as cache:
+            assert dict(cache.items()) == {"a": "A" * 10, "b": "B" * 10}, cut
+            assert cache.stats().torn_records == (1 if cut > offsets[2] else 0)
+            cache["d"] = "D"
+        assert contents(d) == {"a": "A" * 10, "b": "B" * 10, "d": "D"}
+        shutil.rmtree(d)
+
+
+def test_zero_filled_tail_is_a_torn_tail(tmp_path):
+    """br022 step 4: 4096 zero bytes after the last good record."""
+    seg, _ = write_abc(tmp_path / "c")
+    with open(seg, "ab") as f:
+        f.write(b"\0" * 4096)
+    with Cache(tmp_path / "c") as cache:
+        assert dict(cache.items()) == {"a": "A" * 10, "b": "B" * 10, "c": "C" * 10}
+        assert cache.stats().torn_records == 1
+
+
+def test_garbage_over_the_last_record_is_a_torn_tail(tmp_path):
+    seg, offsets = write_abc(tmp_path / "c")
+    data = bytearray(Path(seg).read_bytes())
+    for i in range(offsets[2] + 20, len(data)):
+        data[i] ^= 0x5A
+    Path(seg).write_bytes(bytes(data))
+    assert contents(tmp_path / "c") == {"a": "A" * 10, "b": "B" * 10}
+
+
+@pytest.mark.parametrize("where", ["header", "payload"])
+def test_flipped_byte_before_the_tail_is_corruption(tmp_path, where):
+    """br022 step 5: the CRC catches a flipped byte in record b; c behind it is
+    intact, so this is not a torn tail and the cache refuses to start."""
+    seg, offsets = write_abc(tmp_path / "c")
+    data = bytearray(Path(seg).read_bytes())
+    pos = offsets[1] + (5 if where == "header" else HEADER.size + 15)
+    data[pos] ^= 0xFF
+    Path(seg).write_bytes(bytes(data))
+    with pytest.raises(LogCorruptionError) as exc:
+        Cache(tmp_path / "c")
+    assert exc.value.path == seg
+    assert exc.value.offset == offsets[1]
+    assert seg in str(exc.value) and str(offsets[1]) in str(exc.value)
+    assert "salvage_log=True" in str(exc.value)
+    # the refused open left everything as it was and released the directory
+    assert Path(seg).read_bytes() == bytes(data)
+    with pytest.raises(LogCorruptionError):
+        Cache(tmp_path / "c")
+
+
+def test_salvage_keeps_the_good_prefix_and_moves_the_file_aside(tmp_path):
+    seg, offsets = write_abc(tmp_path / "c")
+    data = bytearray(Path(seg).read_bytes())
+    data[offsets[1] + HEADER.size + 15] ^= 0xFF
+    Path(seg).write_bytes(bytes(data))
+    with Cache(tmp_path / "c", salvage_log=True) as cache:
+        assert dict(cache.items()) == {"a": "A" * 10}
+        cache["e"] = "E"
+    assert Path(seg + ".damaged").read_bytes() == bytes(data)
+    assert contents(tmp_path / "c") == {"a": "A" * 10, "e": "E"}
+
+
+def test_segment_without_magic_is_corruption_unless_last_and_empty(tmp_path):
+    seg, _ = write_abc(tmp_path / "c")
+    data = bytearray(Path(seg).read_bytes())
+    data[0:8] = b"NOTALOG!"
+    Path(seg).write_bytes(bytes(data))
+    with pytest.raises(LogCorruptionError):
+        Cache(tmp_path / "c")
+
+
+def test_log_is_cut_back_after_checkpoints_and_removed_at_close(tmp_path):
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=4096, flush_interval=3600)
+    for i in range(2000):
+        cache[f"k{i}"] = "x" * 50
+    before = list_segments(str(d))
+    assert len(before) > 10  # the log rolled over into many segments
+    cache.flush()
+    after = list_segments(str(d))
+    assert len(after) == 1  # sealed segments behind the checkpoint are gone
+    cache.close()
+    assert list_segments(str(d)) == []
+    assert len(contents(d)) == 2000
+
+
+def test_recovered_records_are_read_in_lsn_order_across_segments(tmp_path):
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=2048, **NEVER)
+    for i in range(300):
+        cache["hot"] = i
+        cache[f"k{i % 7}"] = i
+    crash(cache)
+    segs = list_segments(str(d))
+    assert len(segs) > 3
+    lsns = [r.lsn for s in segs for r in read_segment(s)[0]]
+    assert lsns == list(range(1, 601))
+    got = contents(d)
+    assert got["hot"] == 299 and got["k6"] == 293 and len(got) == 8
