@@ -165,10 +165,7 @@ class SQLitePageStore:
         self._r: sqlite3.Connection | None = None
         existed = os.path.exists(self.path) and os.path.getsize(self.path) > 0
         if existed:
-            with open(self.path, "rb") as f:
-                head = f.read(16)
-            if head != b"SQLite format 3\x00":
-                raise CorruptStoreError(self.path, "the file does not start with the SQLite header")
+            _check_header(self.path)
         try:
             with _translate(self.path, "open"):
                 self._w = self._connect(durability, busy_timeout)
@@ -353,6 +350,31 @@ class SQLitePageStore:
                 if checkpoint_wal and attr == "_w":
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.close()
+
+
+def _check_header(path: str) -> None:
+    """O(1) checks of a store file before SQLite opens it: the magic string,
+    and (when no WAL is pending) a file shorter than its header says, which
+    is what a truncated copy or a torn file-system write leaves."""
+    with open(path, "rb") as f:
+        head = f.read(100)
+        size = os.fstat(f.fileno()).st_size
+    if head[:16] != b"SQLite format 3\x00":
+        raise CorruptStoreError(path, "the file does not start with the SQLite header")
+    if len(head) < 100:
+        raise CorruptStoreError(path, f"the file is only {size} bytes long")
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    n_pages = int.from_bytes(head[28:32], "big")
+    valid_for = int.from_bytes(head[92:96], "big")
+    change = int.from_bytes(head[24:28], "big")
+    wal = path + "-wal"
+    wal_pending = os.path.exists(wal) and os.path.getsize(wal) > 0
+    if page < 512 or page & (page - 1):
+        raise CorruptStoreError(path, f"the header names an impossible page size {page}")
+    if not wal_pending and valid_for == change and n_pages and size < n_pages * page:
+        raise CorruptStoreError(path, f"the file is {size} bytes but its header says "
+                                f"{n_pages} pages of {page} bytes (truncated)")
 
 
 def _norm_codec(name: str) -> str:

@@ -1,0 +1,130 @@
+"""A damaged, truncated, foreign or newer page store is detected at open."""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from durablekv import Cache, ConfigError, CorruptStoreError, SchemaVersionError
+from durablekv.check import check_directory
+from durablekv.cli import main
+
+STORE = "pages.sqlite3"
+
+
+def make_store(d: Path, n: int = 300) -> None:
+    with Cache(d, page_size=4, max_pages=4) as cache:
+        for i in range(n):
+            cache[f"k{i}"] = "v" * 100
+
+
+def test_br021_random_bytes_over_the_header(tmp_path):
+    d = tmp_path / "c"
+    make_store(d)
+    with open(d / STORE, "r+b") as f:
+        f.write(random.Random(1).randbytes(100))
+    t0 = time.monotonic()
+    with pytest.raises(CorruptStoreError) as exc:
+        Cache(d)
+    assert time.monotonic() - t0 < 2
+    assert str(d / STORE) in str(exc.value) and "rebuild" in str(exc.value)
+    # strict mode left the file alone; rebuild moves it aside and starts empty
+    with Cache(d, on_corruption="rebuild") as cache:
+        assert len(cache) == 0 and cache.get("k1") is None
+        assert cache.store_rebuilds == 1
+        cache["new"] = 1
+    asides = [p for p in os.listdir(d) if p.startswith(STORE + ".corrupt-")]
+    assert len(asides) == 1
+    with Cache(d) as cache:
+        assert dict(cache.items()) == {"new": 1}
+
+
+def test_truncated_store_is_detected_at_open(tmp_path):
+    d = tmp_path / "c"
+    make_store(d)
+    size = os.path.getsize(d / STORE)
+    with open(d / STORE, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(CorruptStoreError) as exc:
+        Cache(d)
+    assert "truncated" in str(exc.value)
+
+
+def test_rebuild_still_applies_the_replay_log(tmp_path):
+    d = tmp_path / "c"
+    cache = Cache(d, flush_interval=3600, flush_batch_pages=10**6)
+    cache["logged"] = "yes"
+    cache._teardown(clean=False)  # crash before any flush
+    with open(d / STORE, "r+b") as f:
+        f.write(b"\xff" * 100)
+    with Cache(d, on_corruption="rebuild") as cache:
+        assert cache["logged"] == "yes"
+
+
+def test_foreign_sqlite_database_is_refused(tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("CREATE TABLE users (id INTEGER)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptStoreError) as exc:
+        Cache(d)
+    assert "not a durablekv store" in str(exc.value)
+
+
+def test_newer_schema_version_is_refused(tmp_path):
+    d = tmp_path / "c"
+    make_store(d, 5)
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("PRAGMA user_version = 99")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaVersionError) as exc:
+        Cache(d)
+    assert exc.value.found == 99 and "upgrade durablekv" in str(exc.value)
+
+
+def test_page_size_is_adopted_or_conflicts(tmp_path):
+    d = tmp_path / "c"
+    make_store(d, 5)
+    with Cache(d) as cache:
+        assert cache.page_size == 4
+    with Cache(d, page_size=4) as cache:
+        assert cache["k1"] == "v" * 100
+    with pytest.raises(ConfigError) as exc:
+        Cache(d, page_size=16)
+    assert "page_size=4" in str(exc.value)
+
+
+def test_check_reports_health_and_damage(tmp_path, capsys):
+    d = tmp_path / "c"
+    make_store(d)
+    assert main(["check", str(d)]) == 0
+    assert "healthy" in capsys.readouterr().out
+    # break the index: point one key at a page that does not hold it
+    conn = sqlite3.connect(d / STORE)
+    key = conn.execute("SELECT key FROM keys LIMIT 1").fetchone()[0]
+    conn.execute("UPDATE keys SET page_id = -5 WHERE key = ?", (key,))
+    conn.commit()
+    conn.close()
+    assert main(["check", str(d)]) == 1
+    out = capsys.readouterr().out
+    assert "DAMAGE" in out and "page -5" in out
+
+
+def test_check_refuses_an_open_cache_and_reports_the_log(tmp_path, capsys):
+    d = tmp_path / "c"
+    cache = Cache(d, flush_interval=3600, flush_batch_pages=10**6)
+    cache["a"] = 1
+    assert main(["check", str(d)]) == 1
+    assert "open in another process" in capsys.readouterr().out
+    cache._teardown(clean=False)
+    assert main(["check", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "applied again at the next open" in out
