@@ -314,7 +314,7 @@ class SQLitePageStore:
                 conn.executemany("UPDATE meta SET value = ? WHERE name = ?",
                                  [(checkpoint_lsn, "checkpoint_lsn"), (key_count, "key_count"),
                                   (ttl_key_count, "ttl_key_count")])
-                conn.execute("COMMIT")
+                self._commit(conn)
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -322,6 +322,10 @@ class SQLitePageStore:
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
+
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        """Commit the flush transaction (a seam: crash tests stop the process here)."""
+        conn.execute("COMMIT")
 
     # -- misc ------------------------------------------------------------------------
 

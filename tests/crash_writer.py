@@ -1,6 +1,6 @@
 """Writer process for the crash tests (run as a script, killed with SIGKILL).
 
-Usage: python crash_writer.py DIR SEED DURABILITY [MAX_OPS]
+Usage: python crash_writer.py DIR SEED DURABILITY MODE
 
 Performs random sets, overwrites and deletes over a small key space, with a
 tiny memory tier so pages are evicted and faulted back all the time, and
@@ -9,8 +9,13 @@ reports on stdout, unbuffered, one line per call:
     B <op> <key> <value>   before the call (op: S set, D delete)
     A                      after the call returned (acknowledged)
 
-The parent kills it at a random moment, reopens the cache and checks every
-key against the acknowledged calls.
+MODE picks a moment for the parent to kill at, announced by a marker line
+after which the process pauses briefly:
+
+    random     no marker (the parent kills at a random time)
+    txn        "T": inside a flush's SQLite transaction, before COMMIT
+    truncate   "U": while the log is being cut back after a checkpoint
+    recovery   "R": while recovery re-applies log records at open
 """
 
 from __future__ import annotations
@@ -18,30 +23,55 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 
 from durablekv import Cache
+from durablekv.replaylog import ReplayLog
+from durablekv.store import SQLitePageStore
+
+OUT = sys.stdout.fileno()
+
+
+def say(line: str) -> None:
+    os.write(OUT, (line + "\n").encode())
+
+
+def pause_at(cls, name: str, marker: str, every: int = 1) -> None:
+    real = getattr(cls, name)
+    calls = [0]
+
+    def wrapper(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] % every == 0:
+            say(marker)
+            time.sleep(0.2)
+        return real(self, *args, **kwargs)
+
+    setattr(cls, name, wrapper)
 
 
 def main() -> None:
-    directory, seed, durability = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    max_ops = int(sys.argv[4]) if len(sys.argv) > 4 else 10**9
+    directory, seed, durability, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     rng = random.Random(seed)
-    out = sys.stdout.fileno()
+    if mode == "txn":
+        pause_at(SQLitePageStore, "_commit", "T", every=rng.randrange(3, 20))
+    elif mode == "truncate":
+        pause_at(ReplayLog, "truncate_through", "U", every=rng.randrange(3, 20))
+    elif mode == "recovery":
+        pause_at(Cache, "_replay", "R", every=1)
     cache = Cache(directory, page_size=4, max_pages=3, flush_interval=0.005,
-                  flush_batch_pages=2, durability=durability)
-    os.write(out, b"READY\n")
-    for i in range(max_ops):
+                  flush_batch_pages=2, durability=durability, segment_bytes=4096)
+    say("READY")
+    for i in range(10**9):
         key = f"k{rng.randrange(200)}"
         if rng.random() < 0.2:
-            os.write(out, f"B D {key} -\n".encode())
+            say(f"B D {key} -")
             cache.delete(key)
         else:
             value = f"{key}:{seed}:{i}"
-            os.write(out, f"B S {key} {value}\n".encode())
+            say(f"B S {key} {value}")
             cache[key] = value
-        os.write(out, b"A\n")
-    cache.close()
-    os.write(out, b"DONE\n")
+        say("A")
 
 
 if __name__ == "__main__":

@@ -26,30 +26,37 @@ WRITER = Path(__file__).with_name("crash_writer.py")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_writer_and_kill(directory: Path, seed: int, durability: str, kill_after: float):
-    """Start a writer, SIGKILL it after ``kill_after`` s of writing; return its lines."""
+MARKERS = {"txn": "T", "truncate": "U", "recovery": "R"}
+
+
+def run_writer_and_kill(directory: Path, seed: int, durability: str, kill_after: float,
+                        mode: str = "random") -> list[str]:
+    """Start a writer; SIGKILL it at its mode's marker, or ``kill_after`` s after it
+    started writing; return the lines it reported."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, str(WRITER), str(directory), str(seed), durability],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen([sys.executable, str(WRITER), str(directory), str(seed), durability,
+                             mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    marker = MARKERS.get(mode)
     buf = b""
+    started = None
     try:
-        # wait (bounded) until it has opened the cache, then let it write
         deadline = time.monotonic() + 60
-        while b"READY\n" not in buf:
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
+        while True:
+            now = time.monotonic()
+            if started is None and b"READY\n" in buf:
+                started = now
+            if marker is not None and f"\n{marker}\n".encode() in b"\n" + buf:
+                break
+            if started is not None and now - started >= kill_after:
+                break
+            if now > deadline:
                 raise AssertionError("writer did not start within 60 s")
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            if not chunk:
-                raise AssertionError(f"writer exited early: {proc.stderr.read().decode()}")
-            buf += chunk
-        end = time.monotonic() + kill_after
-        while time.monotonic() < end:
-            ready, _, _ = select.select([proc.stdout], [], [], end - time.monotonic())
+            limit = deadline if started is None else started + kill_after
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, limit - now))
             if ready:
                 chunk = os.read(proc.stdout.fileno(), 65536)
                 if not chunk:
-                    break
+                    raise AssertionError(f"writer exited: {proc.stderr.read().decode()[-2000:]}")
                 buf += chunk
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -64,8 +71,13 @@ def run_writer_and_kill(directory: Path, seed: int, durability: str, kill_after:
     return buf.decode().splitlines()
 
 
-def apply_lines(model: dict, lines: list[str]):
-    """Apply acknowledged calls to ``model``; return (acked, in_flight_or_None)."""
+def apply_lines(model: dict, uncertain: dict, lines: list[str]) -> int:
+    """Apply the acknowledged calls to ``model``; return how many there were.
+
+    A call begun but not acknowledged when the writer died may or may not
+    have landed: ``uncertain[key]`` holds the values its key may have
+    (None = absent) until a later acknowledged call on that key settles it.
+    """
     pending = None
     acked = 0
     for line in lines:
@@ -78,26 +90,30 @@ def apply_lines(model: dict, lines: list[str]):
                 model[key] = value
             else:
                 model.pop(key, None)
+            uncertain.pop(key, None)
             pending = None
             acked += 1
-    return acked, pending
+    if pending is not None:
+        op, key, value = pending
+        before = uncertain.get(key, {model.get(key)})
+        uncertain[key] = before | {value if op == "S" else None}
+    return acked
 
 
-def verify(directory: Path, model: dict, in_flight) -> int:
-    """Reopen and compare every key; resolve the in-flight call in the model."""
+def verify(directory: Path, model: dict, uncertain: dict) -> int:
+    """Reopen and compare every key; settle the uncertain ones from what is there."""
     with Cache(directory, page_size=4, max_pages=3) as cache:
-        if in_flight is not None:
-            op, key, value = in_flight
-            got = cache.get(key)
-            allowed = {model.get(key), value if op == "S" else None}
-            assert got in allowed, f"in-flight {in_flight}: got {got!r}, allowed {allowed!r}"
-            if got is None:
-                model.pop(key, None)
-            else:
-                model[key] = got
         actual = dict(cache.items())
-        assert actual == model, _diff(model, actual)
-        assert len(cache) == len(model)
+        assert len(cache) == len(actual)
+    for key, allowed in uncertain.items():
+        got = actual.get(key)
+        assert got in allowed, f"in-flight call on {key}: got {got!r}, allowed {allowed!r}"
+        if got is None:
+            model.pop(key, None)
+        else:
+            model[key] = got
+    uncertain.clear()
+    assert actual == model, _diff(model, actual)
     return len(model)
 
 
@@ -107,28 +123,50 @@ def _diff(model: dict, actual: dict) -> str:
     return f"lost or wrong: {lost}; never written: {extra}"
 
 
-def crash_cycles(tmp_path: Path, durability: str, cycles: int, seed: int) -> tuple[int, int]:
+def crash_cycles(tmp_path: Path, durability: str, cycles: int, seed: int,
+                 modes=("random", "txn", "recovery", "truncate", "random", "recovery")):
+    """Run ``cycles`` write-kill-verify rounds on one directory; return
+    (acknowledged calls, keys checked, kills by where they landed).
+
+    A "recovery" round first kills a writer at random (leaving log records
+    behind the checkpoint), then kills the next writer while it replays them,
+    before anything verifies the directory.
+    """
     rng = random.Random(seed)
     directory = tmp_path / "cache"
     model: dict = {}
-    total_acked = 0
+    uncertain: dict = {}
+    acked_total = checked = 0
+    kills: dict[str, int] = {}
     for cycle in range(cycles):
-        lines = run_writer_and_kill(directory, seed * 1000 + cycle, durability,
-                                    kill_after=rng.uniform(0.02, 0.6))
-        acked, in_flight = apply_lines(model, lines)
-        total_acked += acked
-        verify(directory, model, in_flight)
-    return total_acked, cycles
+        mode = modes[cycle % len(modes)]
+        rounds = ["random", "recovery"] if mode == "recovery" else [mode]
+        for i, m in enumerate(rounds):
+            lines = run_writer_and_kill(directory, seed * 1000 + cycle * 10 + i, durability,
+                                        kill_after=rng.uniform(0.02, 0.6), mode=m)
+            landed = m if MARKERS.get(m) in lines or m == "random" else "random"
+            kills[landed] = kills.get(landed, 0) + 1
+            acked_total += apply_lines(model, uncertain, lines)
+        checked += verify(directory, model, uncertain)
+    return acked_total, checked, kills
 
 
 @pytest.mark.parametrize("durability", ["log", "fsync"])
 def test_sigkill_loses_no_acknowledged_write(tmp_path, durability):
-    acked, cycles = crash_cycles(tmp_path, durability, cycles=6, seed=7)
-    assert acked > 100 * cycles, "the writer must have done real work before each kill"
+    """At least 20 kill-and-verify cycles, some inside a flush transaction,
+    some while the log is cut back, some during recovery at open."""
+    acked, checked, kills = crash_cycles(tmp_path, durability, cycles=24, seed=7)
+    assert acked > 50 * 24, "the writer must have done real work before the kills"
+    assert kills.get("txn", 0) >= 2 and kills.get("truncate", 0) >= 2, kills
+    assert kills.get("recovery", 0) >= 2, kills
+    print(f"{durability}: 24 cycles, {acked} acknowledged calls, {checked} key checks, "
+          f"kills {kills}, 0 lost")
 
 
 @pytest.mark.stress
 @pytest.mark.parametrize("durability", ["log", "fsync"])
 def test_sigkill_many_cycles(tmp_path, durability):
-    acked, cycles = crash_cycles(tmp_path, durability, cycles=60, seed=11)
-    assert acked > 100 * cycles
+    acked, checked, kills = crash_cycles(tmp_path, durability, cycles=200, seed=11)
+    assert acked > 50 * 200
+    print(f"{durability}: 200 cycles, {acked} acknowledged calls, {checked} key checks, "
+          f"kills {kills}, 0 lost")
