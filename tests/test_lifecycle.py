@@ -1,0 +1,93 @@
+"""Process lifecycle: exit without close, killed lock owners, fork, two processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durablekv import Cache, CacheLockedError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, *args: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stderr
+    return proc
+
+
+WRITE_100 = """
+import sys
+from durablekv import Cache
+c = Cache(sys.argv[1], flush_interval=3600, flush_batch_pages=10**6, durability="none")
+for i in range(100):
+    c[i] = i
+"""
+
+
+def test_br016_normal_exit_without_close_loses_nothing(tmp_path):
+    """Even with durability="none" (no log): the at-exit drain flushes."""
+    run(WRITE_100 + "sys.exit(0)\n", str(tmp_path / "c"))
+    with Cache(tmp_path / "c") as cache:
+        assert dict(cache.items()) == {i: i for i in range(100)}
+
+
+def test_br016_uncaught_exception_loses_nothing(tmp_path):
+    proc = run(WRITE_100 + "raise RuntimeError('boom')\n", str(tmp_path / "c"), check_rc=1)
+    assert "boom" in proc.stderr
+    with Cache(tmp_path / "c") as cache:
+        assert len(cache) == 100
+
+
+def test_br016_sigkill_right_after_the_last_set(tmp_path):
+    script = WRITE_100.replace('durability="none"', 'durability="log"') + \
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    proc = run(script, str(tmp_path / "c"), check_rc=None)
+    assert proc.returncode == -signal.SIGKILL
+    with Cache(tmp_path / "c") as cache:
+        assert dict(cache.items()) == {i: i for i in range(100)}
+        assert cache.stats().recovered_records == 100
+
+
+def test_second_process_gets_locked_error_naming_the_owner(tmp_path):
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        cache["a"] = 1
+        proc = run("import sys\nfrom durablekv import Cache, CacheLockedError\n"
+                   "try:\n    Cache(sys.argv[1])\nexcept CacheLockedError as e:\n"
+                   "    print(e.pid); print(e)\n", str(d))
+        pid_line, message = proc.stdout.splitlines()[:2]
+        assert int(pid_line) == os.getpid()
+        assert f"process {os.getpid()}" in message and str(d) in message
+        with pytest.raises(CacheLockedError):
+            Cache(d)  # same process, second handle
+
+
+def test_killed_owner_does_not_keep_the_lock(tmp_path):
+    d = tmp_path / "c"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    owner = subprocess.Popen([sys.executable, "-c",
+                              "import sys\nfrom durablekv import Cache\n"
+                              "c = Cache(sys.argv[1]); c['x'] = 1\nprint('open', flush=True)\n"
+                              "sys.stdin.readline()\n", str(d)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert owner.stdout.readline().strip() == "open"
+        with pytest.raises(CacheLockedError) as exc:
+            Cache(d)
+        assert exc.value.pid == owner.pid
+        owner.kill()
+        owner.wait(timeout=30)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+    with Cache(d) as cache:  # the flock died with its owner
+        assert cache["x"] == 1
