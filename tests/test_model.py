@@ -1,0 +1,132 @@
+"""Model-based test: the cache and a plain dict agree after every step.
+
+A hypothesis state machine drives set / get / delete / pop / expire (the
+injected clock moves) / flush / close-and-reopen / simulated crash on a
+cache with a tiny memory tier, so pages are evicted, queued for write-behind
+and faulted back all the time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from durablekv import Cache
+
+KEYS = st.one_of(st.integers(-3, 12), st.sampled_from(["a", "b", "1", b"a", (1, "x"), 2.5,
+                                                       True, None, (1.0, "x")]))
+VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=5), st.binary(max_size=5),
+                   st.lists(st.integers(), max_size=3), st.tuples(st.integers(), st.text(max_size=2)),
+                   st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CacheVsDict(RuleBasedStateMachine):
+    @initialize(page_size=st.sampled_from([1, 2, 4]), max_pages=st.integers(1, 3),
+                durability=st.sampled_from(["log", "fsync", "none"]))
+    def open_cache(self, page_size, max_pages, durability):
+        self.dir = tempfile.mkdtemp(prefix="durablekv-model-")
+        self.clock = Clock()
+        self.opts = dict(page_size=page_size, max_pages=max_pages, durability=durability,
+                         clock=self.clock, flush_interval=3600, flush_batch_pages=2)
+        self.cache = Cache(self.dir, **self.opts)
+        self.model: dict = {}      # key -> value
+        self.deadline: dict = {}   # key -> expire_at
+
+    def teardown(self):
+        if hasattr(self, "cache"):
+            self.cache.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _drop_expired(self):
+        for k in [k for k, t in self.deadline.items() if self.clock.now >= t]:
+            self.model.pop(k, None)
+            del self.deadline[k]
+
+    @rule(key=KEYS, value=VALUES)
+    def set(self, key, value):
+        self.cache[key] = value
+        self._drop_expired()
+        self.model[key] = value
+        self.deadline.pop(key, None)
+
+    @rule(key=KEYS, value=VALUES, ttl=st.sampled_from([0, 0.5, 1, 5]))
+    def set_with_ttl(self, key, value, ttl):
+        self.cache.set(key, value, expire=ttl)
+        self._drop_expired()
+        if ttl == 0:
+            self.model.pop(key, None)
+            self.deadline.pop(key, None)
+        else:
+            self.model[key] = value
+            self.deadline[key] = self.clock.now + ttl
+
+    @rule(key=KEYS)
+    def get(self, key):
+        self._drop_expired()
+        assert self.cache.get(key, "MISSING") == self.model.get(key, "MISSING")
+
+    @rule(key=KEYS)
+    def delete(self, key):
+        self._drop_expired()
+        assert self.cache.delete(key) == (key in self.model)
+        self.model.pop(key, None)
+        self.deadline.pop(key, None)
+
+    @rule(key=KEYS)
+    def pop(self, key):
+        self._drop_expired()
+        assert self.cache.pop(key, "MISSING") == self.model.pop(key, "MISSING")
+        self.deadline.pop(key, None)
+
+    @rule(dt=st.sampled_from([0.25, 0.5, 1.0, 3.0]))
+    def clock_moves(self, dt):
+        self.clock.now += dt
+
+    @rule()
+    def flush(self):
+        self.cache.flush()
+
+    @rule()
+    def reopen(self):
+        self.cache.close()
+        self.cache = Cache(self.dir, **self.opts)
+
+    @precondition(lambda self: self.opts["durability"] != "none")
+    @rule()
+    def crash(self):
+        """Stop without flushing or closing; recovery replays the log."""
+        self.cache._teardown(clean=False)
+        self.cache = Cache(self.dir, **self.opts)
+
+    @rule()
+    def clear(self):
+        self.cache.clear()
+        self.model.clear()
+        self.deadline.clear()
+
+    @invariant()
+    def agree(self):
+        if not hasattr(self, "cache"):
+            return
+        self._drop_expired()
+        assert len(self.cache) == len(self.model)
+        assert dict(self.cache.items()) == self.model
+        st_ = self.cache.stats()
+        assert st_.resident_pages <= self.opts["max_pages"]
+
+
+TestCacheVsDict = CacheVsDict.TestCase
+TestCacheVsDict.settings = settings(max_examples=200, stateful_step_count=50, deadline=None,
+                                    suppress_health_check=[HealthCheck.too_slow])
