@@ -53,7 +53,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from .errors import LogCorruptionError, LogWriteError
+from .errors import LogCorruptionError, LogError, LogWriteError
 
 __all__ = ["ReplayLog", "LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC"]
 
@@ -301,6 +301,10 @@ class ReplayLog:
         path = os.path.join(self.directory, segment_name(first_lsn))
         # A sealed segment of the same name can only hold no records (its
         # first LSN is not yet used): it is replaced, not kept as sealed.
+        # Anything else would mean an LSN is reused: refuse, never overwrite.
+        if os.path.exists(path) and read_segment(path)[0]:
+            raise LogError(f"replay log segment {path!r} already holds records; refusing to "
+                           f"reuse LSN {first_lsn} (this is a bug: please report it)")
         self._sealed = [s for s in self._sealed if s[0] != path]
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
         try:
