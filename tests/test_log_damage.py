@@ -133,7 +133,7 @@ def test_segment_without_magic_is_corruption_unless_last_and_empty(tmp_path):
 
 def test_log_is_cut_back_after_checkpoints_and_removed_at_close(tmp_path):
     d = tmp_path / "c"
-    cache = Cache(d, segment_bytes=4096, flush_interval=3600)
+    cache = Cache(d, segment_bytes=4096, **NEVER)
     for i in range(2000):
         cache[f"k{i}"] = "x" * 50
     before = list_segments(str(d))
