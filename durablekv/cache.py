@@ -128,8 +128,9 @@ class Cache(MutableMapping):
     :param serializer: ``"safe"`` (default; exact round trip of None, bool,
         int, float, str, bytes, tuple, list, dict) or ``"pickle"`` (any
         picklable object; UNSAFE for stores that others can write).
-    :param max_value_bytes: encoded values bigger than this raise
-        ``ValueError`` before anything is written (default 64 MiB).
+    :param max_value_bytes: values bigger than this raise ``ValueError``
+        before anything is written (default 64 MiB). A ``bytes`` or ``str``
+        value counts its data (UTF-8), anything else its encoded size.
     :param max_pending_pages: evicted dirty pages allowed to wait for the
         batcher before writers block (back-pressure); default
         ``max(4 * flush_batch_pages, 64)``.
@@ -260,6 +261,7 @@ class Cache(MutableMapping):
             self._backpressure()
             if rec.op == OP_CLEAR:
                 self._apply_clear(rec.lsn)
+                self._last_lsn = rec.lsn
                 return
             key = _codec.decode_key(rec.key)
             ref = self._tier.table.get(key) or self._locate(key)
@@ -497,9 +499,10 @@ class Cache(MutableMapping):
         expire = _check_expire(expire)
         kb = _codec.encode_key(key)
         vb = self._codec.encode(value)
-        if len(vb) > self.max_value_bytes:
+        size = self._codec.value_bytes(value, vb)
+        if size > self.max_value_bytes:
             raise ValueError(
-                f"value for key {key!r} is {len(vb)} bytes encoded, over max_value_bytes="
+                f"value for key {key!r} is {size} bytes, over max_value_bytes="
                 f"{self.max_value_bytes}; store it elsewhere or raise max_value_bytes")
         held = self._codec.memory_form(value, vb)
         with self._lock:
@@ -528,9 +531,9 @@ class Cache(MutableMapping):
                 expire_at = None
                 lsn_to_sync = None
             if lsn_to_sync is None:
-                ref = self._tier.table.get(key)
-                if ref is None:
-                    ref = self._locate(key)
+                # An expired entry is gone: the key is stored anew (keeping the
+                # new key object, as a dict does for a fresh key), not updated.
+                ref = self._ref(key)
                 lsn = self._append(OP_SET, kb, vb, expire_at)
                 self._apply_set(key, held, expire_at, ref)
                 self._sets += 1
@@ -599,9 +602,12 @@ class Cache(MutableMapping):
                         key = _codec.decode_key(row[1] or row[0])
             if key is _MISSING:
                 raise KeyError("popitem(): cache is empty")
-            value = self.pop(key, _MISSING)
-            if value is not _MISSING:
-                return key, value
+            # pop() takes _MISSING as "no default": a key that expired or was
+            # removed meanwhile raises KeyError, and another key is tried.
+            try:
+                return key, self.pop(key)
+            except KeyError:
+                continue
 
     def clear(self) -> None:
         """Remove every entry (one log record; the store is emptied by the next flush)."""
@@ -622,15 +628,21 @@ class Cache(MutableMapping):
             return self._count
 
     def _purge_expired(self) -> None:
+        # Memory first, then each faulted-in page at once: a page fault may
+        # evict (and drop) a clean page, so expired entries must be removed
+        # (making their page dirty, hence kept) before the next fault.
         now = self._now()
-        if not self._clear_pending:
-            for pid in self._store.pages_with_expired(now):
-                if pid not in self._tier.pages:
-                    self._fault_in(pid)
         doomed = [k for k, (p, s) in self._tier.table.items()
                   if p.expires[s] is not None and now >= p.expires[s]]
         for k in doomed:
             self._expire(k)
+        if not self._clear_pending:
+            for pid in self._store.pages_with_expired(now):
+                if pid not in self._tier.pages:
+                    page = self._fault_in(pid)
+                    for _, k, _, e in list(page.entries()):
+                        if e is not None and now >= e:
+                            self._expire(k)
 
     def _snapshot_keys(self) -> list[Any]:
         with self._lock:
@@ -693,10 +705,11 @@ class Cache(MutableMapping):
         with self._lock:
             self._check_open()
             target = self._last_lsn
-            dirty = bool(self._tier.dirty) or self._clear_pending
-        if dirty or target > self._store.checkpoint_lsn:
-            self._batcher.flush_until(max(target, self._store.checkpoint_lsn + 1 if dirty else target),
-                                      timeout)
+        # Wait by LSN only: pages dirtied by lazy expiry carry no LSN (they are
+        # not acknowledged writes), so waiting for "checkpoint + 1" on their
+        # account would never end.
+        if target > self._store.checkpoint_lsn:
+            self._batcher.flush_until(target, timeout)
 
     def close(self) -> None:
         """Flush, checkpoint, remove the replay log, release the directory.
@@ -710,12 +723,11 @@ class Cache(MutableMapping):
             failed = self._state is _FAILED
             self._state = _CLOSING
             target = self._last_lsn
-            dirty = bool(self._tier.dirty) or self._clear_pending
         error: BaseException | None = None
         if not failed:
             try:
-                if dirty or target > self._store.checkpoint_lsn:
-                    self._batcher.flush_until(max(target, self._store.checkpoint_lsn + (1 if dirty else 0)))
+                if target > self._store.checkpoint_lsn:
+                    self._batcher.flush_until(target)
             except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
                 error = exc
         self._teardown(clean=error is None and not failed)
@@ -915,6 +927,11 @@ class _ItemsView(ItemsView):
 
 
 class _ValuesView(ValuesView):
+    def __contains__(self, value: Any) -> bool:
+        # ValuesView's own version does mapping[key] for each snapshot key and
+        # raises KeyError for a key deleted or expired since the snapshot.
+        return any(v is value or v == value for v in self)
+
     def __iter__(self) -> Iterator[Any]:
         for key in self._mapping:
             value = self._mapping.get(key, _MISSING)

@@ -10,7 +10,7 @@ tag     type                                       payload
 ``T``   ``True``                                   -
 ``F``   ``False``                                  -
 ``q``   ``int`` in [-2**63, 2**63)                 int64, little-endian
-``I``   any other ``int``                          u32 length + ASCII decimal
+``I``   any other ``int``                          u32 length + two's complement, LE
 ``d``   ``float``                                  float64, little-endian
 ``s``   ``str``                                    u32 length + UTF-8 (surrogatepass)
 ``b``   ``bytes``                                  u32 length + raw bytes
@@ -69,7 +69,8 @@ def _enc(obj: Any, out: list, allow_containers: bool, what: str) -> None:
         if _INT64_MIN <= obj <= _INT64_MAX:
             out.append(b"q" + _Q.pack(obj))
         else:
-            s = str(obj).encode()
+            # Binary, not decimal: str(int) refuses more than 4300 digits.
+            s = obj.to_bytes(obj.bit_length() // 8 + 1, "little", signed=True)
             out.append(b"I" + _U32.pack(len(s)))
             out.append(s)
     elif t is float:
@@ -128,7 +129,7 @@ def _dec(buf: bytes, pos: int) -> tuple[Any, int]:
     if tag == 0x49:  # I
         (n,) = _U32.unpack_from(buf, pos)
         pos += 4
-        return int(buf[pos:pos + n]), pos + n
+        return int.from_bytes(buf[pos:pos + n], "little", signed=True), pos + n
     if tag in (0x74, 0x6C):  # t, l
         (n,) = _U32.unpack_from(buf, pos)
         pos += 4
@@ -150,7 +151,15 @@ def _dec(buf: bytes, pos: int) -> tuple[Any, int]:
 
 
 def _decode_all(buf: bytes) -> Any:
-    obj, pos = _dec(buf, 0)
+    # A damaged blob is always a ValueError (never struct.error or IndexError
+    # from reading past the end, nor TypeError from an unhashable dict key).
+    try:
+        obj, pos = _dec(buf, 0)
+    except (struct.error, IndexError, TypeError) as exc:
+        raise ValueError(f"damaged encoded object of {len(buf)} bytes: {exc}") from exc
+    if pos > len(buf):
+        raise ValueError(f"encoded object of {len(buf)} bytes is cut short "
+                         f"({pos - len(buf)} bytes missing)")
     if pos != len(buf):
         raise ValueError(f"{len(buf) - pos} trailing bytes after the encoded object")
     return obj
@@ -265,6 +274,12 @@ class ValueCodec:
     def memory_form(self, value: Any, blob: bytes) -> Any:
         return value if _shareable(value) else Frozen(blob)
 
+    def value_bytes(self, value: Any, blob: bytes) -> int:
+        """Bytes that ``value`` (encoded as ``blob``) counts against
+        ``max_value_bytes``: a ``bytes`` value its length, anything else its
+        encoded size."""
+        return len(value) if type(value) is bytes else len(blob)
+
     def from_memory(self, held: Any) -> Any:
         return self.decode(held.blob) if type(held) is Frozen else held
 
@@ -293,6 +308,11 @@ class SafeCodec(ValueCodec):
 
     def decode(self, data: bytes) -> Any:
         return _decode_all(data)
+
+    def value_bytes(self, value: Any, blob: bytes) -> int:
+        """A ``str`` or ``bytes`` value counts its data (UTF-8 for str), not
+        the 5-byte tag and length in front of it; anything else its encoding."""
+        return len(blob) - 5 if blob[0] in (0x73, 0x62) else len(blob)  # s, b
 
     def memory_form_from_blob(self, blob: bytes) -> Any:
         tag = blob[0]

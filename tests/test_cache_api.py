@@ -1,0 +1,789 @@
+"""The public Cache API behaves as a dict (DESIGN "Public API"), in every tier.
+
+Each mapping test runs against three shapes of memory tier:
+
+* ``roomy``: the default page size and plenty of pages (everything resident);
+* ``tiny``: ``page_size=4, max_pages=2`` so pages are evicted, written behind
+  and faulted back while the test runs;
+* ``lru1``: ``page_size=1, max_pages=3`` (an exact entry LRU of 3 entries);
+
+and most of them also across ``close()`` + reopen. A hypothesis state machine
+checks the whole mapping API against a plain dict across flush/close/reopen.
+
+Time is never slept on: the flush interval is long and ``flush()`` drives the
+write-behind batcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+import durablekv
+from durablekv import Cache, CacheStats
+from durablekv.errors import (CacheClosedError, CacheLockedError, ConfigError, DurableKVError)
+
+SHAPES = {
+    "roomy": dict(),
+    "tiny": dict(page_size=4, max_pages=2),
+    "lru1": dict(page_size=1, max_pages=3),
+}
+
+
+def open_cache(path, **kw) -> Cache:
+    kw.setdefault("flush_interval", 30.0)
+    return Cache(path, **kw)
+
+
+@pytest.fixture(params=sorted(SHAPES))
+def shape(request):
+    return SHAPES[request.param]
+
+
+@pytest.fixture
+def cache(tmp_path, shape):
+    c = open_cache(tmp_path / "c", **shape)
+    yield c
+    c.close()
+
+
+def reopen(c: Cache, **kw) -> Cache:
+    c.close()
+    shape = dict(page_size=c.page_size, max_pages=c.max_pages)
+    shape.update(kw)
+    return open_cache(c.path, **shape)
+
+
+# -- single operations ---------------------------------------------------------------
+
+
+def test_getitem_missing_raises_keyerror_with_the_key(cache):
+    with pytest.raises(KeyError) as info:
+        cache["nope"]
+    assert info.value.args == ("nope",)
+    cache["k"] = "v"
+    assert cache["k"] == "v"
+
+
+def test_get_returns_default_only_when_missing(cache):
+    assert cache.get("x") is None
+    assert cache.get("x", 42) == 42
+    cache.set("x", 0)
+    assert cache.get("x", 42) == 0
+    cache.set("f", False)
+    assert cache.get("f", "D") is False
+
+
+def test_set_and_setitem_overwrite_without_growing(cache):
+    cache.set("a", 1)
+    cache["a"] = 2
+    cache.set("a", 3)
+    assert cache["a"] == 3
+    assert len(cache) == 1
+    assert list(cache) == ["a"]
+
+
+def test_delete_returns_bool_and_del_raises_when_missing(cache):
+    cache["a"] = 1
+    assert cache.delete("a") is True
+    assert cache.delete("a") is False
+    assert "a" not in cache
+    cache["b"] = 2
+    del cache["b"]
+    with pytest.raises(KeyError):
+        del cache["b"]
+    assert len(cache) == 0
+
+
+def test_pop_with_and_without_default(cache):
+    cache["a"] = [1, 2]
+    assert cache.pop("a") == [1, 2]
+    assert "a" not in cache
+    with pytest.raises(KeyError):
+        cache.pop("a")
+    assert cache.pop("a", "D") == "D"
+    assert cache.pop("a", None) is None
+    assert len(cache) == 0
+
+
+def test_popitem_until_empty_then_keyerror(cache):
+    model = {f"k{i}": i for i in range(13)}
+    cache.update(model)
+    popped = {}
+    for _ in range(len(model)):
+        k, v = cache.popitem()
+        assert k not in popped
+        popped[k] = v
+    assert popped == model
+    assert len(cache) == 0
+    with pytest.raises(KeyError):
+        cache.popitem()
+
+
+def test_popitem_after_reopen_finds_keys_only_in_the_store(cache):
+    model = {i: str(i) for i in range(10)}
+    cache.update(model)
+    c2 = reopen(cache)
+    try:
+        popped = dict(c2.popitem() for _ in range(10))
+        assert popped == model
+        with pytest.raises(KeyError):
+            c2.popitem()
+        c3 = reopen(c2)
+        assert len(c3) == 0 and list(c3) == []
+        c3.close()
+    finally:
+        c2.close()
+
+
+def test_setdefault(cache):
+    assert cache.setdefault("a", 1) == 1
+    assert cache.setdefault("a", 2) == 1
+    assert cache["a"] == 1
+    assert cache.setdefault("n") is None
+    assert "n" in cache and cache["n"] is None
+
+
+def test_update_from_mapping_pairs_and_kwargs(cache):
+    cache.update({"a": 1, "b": 2})
+    cache.update([("c", 3), ("a", 10)])
+    cache.update(d=4)
+    assert dict(cache.items()) == {"a": 10, "b": 2, "c": 3, "d": 4}
+
+
+def test_clear_then_restart_is_empty(cache):
+    cache.update({i: i for i in range(20)})
+    cache.flush()
+    cache.clear()
+    assert len(cache) == 0 and list(cache) == [] and cache.get(3) is None
+    c2 = reopen(cache)
+    try:
+        assert len(c2) == 0
+        assert list(c2) == []
+        assert all(c2.get(i) is None for i in range(20))
+    finally:
+        c2.close()
+
+
+def test_clear_then_new_sets_survive_restart(cache):
+    cache.update({i: i for i in range(20)})
+    cache.flush()
+    cache.clear()
+    cache.update({i: -i for i in range(5, 9)})
+    c2 = reopen(cache)
+    try:
+        assert dict(c2.items()) == {i: -i for i in range(5, 9)}
+        assert len(c2) == 4
+    finally:
+        c2.close()
+
+
+def test_clear_without_flush_then_restart(cache):
+    cache.update({i: i for i in range(20)})
+    cache.flush()
+    cache.clear()
+    cache["after"] = 1
+    # the clear and the set only reached the replay log before close flushes
+    c2 = reopen(cache)
+    try:
+        assert dict(c2.items()) == {"after": 1}
+    finally:
+        c2.close()
+
+
+def test_views_len_in_and_equality(cache):
+    model = {"a": 1, 2: "two", (3, "x"): [3], b"b": None}
+    cache.update(model)
+    assert len(cache) == 4
+    assert set(cache.keys()) == set(model)
+    assert sorted(map(repr, cache.values())) == sorted(map(repr, model.values()))
+    assert dict(cache.items()) == model
+    assert cache == model
+    assert cache != {**model, "a": 2}
+    assert cache != {"a": 1}
+    assert "a" in cache and "zz" not in cache
+    assert ("a", 1) in cache.items() and ("a", 2) not in cache.items()
+    assert 2 in cache.keys() and [3] in cache.values()
+    assert len(cache.keys()) == len(cache.items()) == len(cache.values()) == 4
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["live", "restart"])
+def test_iteration_is_a_snapshot_under_writes(cache, restart):
+    keys = [f"k{i}" for i in range(25)]
+    for k in keys:
+        cache[k] = 0
+    if restart:
+        cache = reopen(cache)
+    seen = []
+    for i, k in enumerate(cache):
+        seen.append(k)
+        # delete a key not yet yielded, add new keys, overwrite one
+        if i < 10:
+            cache.delete(keys[-1 - i])
+        cache[f"new{i}"] = i
+        cache[keys[0]] = i
+    assert sorted(seen) == sorted(keys)
+    assert len(seen) == len(set(seen))
+    if restart:
+        cache.close()
+
+
+def test_mapping_ops_on_keys_only_in_the_store(tmp_path, shape):
+    c = open_cache(tmp_path / "c", **shape)
+    c.update({i: str(i) for i in range(30)})
+    c = reopen(c)
+    try:
+        assert c.stats().resident_pages == 0
+        assert c[0] == "0" and c.get(1) == "1" and c.get(99, "D") == "D"
+        with pytest.raises(KeyError):
+            c[99]
+        assert 2 in c and 99 not in c
+        assert c.delete(3) is True and c.delete(3) is False
+        del c[4]
+        with pytest.raises(KeyError):
+            del c[4]
+        assert c.pop(5) == "5" and c.pop(5, "D") == "D"
+        assert c.setdefault(6, "x") == "6" and c.setdefault(60, "x") == "x"
+        c.update({7: "seven", 70: "seventy"})
+        model = {i: str(i) for i in range(30) if i not in (3, 4, 5)}
+        model.update({60: "x", 7: "seven", 70: "seventy"})
+        assert c == model and len(c) == len(model)
+        assert set(c.keys()) == set(model) and sorted(c.values()) == sorted(model.values())
+        c = reopen(c)
+        assert dict(c.items()) == model
+        assert c.stats().resident_pages <= c.max_pages
+    finally:
+        c.close()
+
+
+def test_items_and_values_skip_keys_deleted_meanwhile(cache):
+    cache.update({i: i * 10 for i in range(12)})
+    out = []
+    for k, v in cache.items():
+        out.append((k, v))
+        cache.delete((k + 1) % 12)
+    assert len(out) == len({k for k, _ in out})
+    assert all(v == k * 10 for k, v in out)
+    assert len(out) < 12
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["live", "restart"])
+def test_many_keys_match_a_dict(tmp_path, shape, restart):
+    c = open_cache(tmp_path / "c", **shape)
+    model = {}
+    for i in range(60):
+        c[i] = {"n": i}
+        model[i] = {"n": i}
+    for i in range(0, 60, 3):
+        assert c.delete(i)
+        del model[i]
+    for i in range(0, 60, 7):
+        c[i] = (i, "again")
+        model[i] = (i, "again")
+    if restart:
+        c = reopen(c)
+    try:
+        assert len(c) == len(model)
+        assert c == model
+        assert sorted(c) == sorted(model)
+        for k, v in model.items():
+            assert c[k] == v
+        for k in range(60):
+            assert (k in c) == (k in model)
+        st_ = c.stats()
+        assert st_.resident_pages <= c.max_pages
+    finally:
+        c.close()
+
+
+# -- keys: equality exactly as a dict -----------------------------------------------
+
+EQUAL_KEY_GROUPS = [
+    (1, 1.0, True),
+    (0, 0.0, -0.0, False),
+    ((1, "a"), (1.0, "a"), (True, "a")),
+    ((0, (2, b"z")), (-0.0, (2.0, b"z"))),
+    (2**70, float(2**70)),
+]
+
+
+def spill(c: Cache) -> None:
+    """Push every page of a ``page_size=1, max_pages=1`` cache out to SQLite."""
+    assert c.page_size == 1 and c.max_pages == 1
+    c.set("__spill__", 0)
+    c.delete("__spill__")
+    c.flush()
+    assert c.stats().pending_pages == 0
+
+
+@pytest.mark.parametrize("where", ["memory", "spill", "restart"])
+def test_equal_keys_are_one_key_and_the_first_stored_key_is_kept(tmp_path, where):
+    kw = dict(page_size=1, max_pages=1) if where == "spill" else {}
+    c = open_cache(tmp_path / "c", **kw)
+    try:
+        for group in EQUAL_KEY_GROUPS:
+            c.set(group[0], repr(group[0]))
+        if where == "spill":
+            spill(c)
+        elif where == "restart":
+            c = reopen(c)
+        before = c.stats()
+        for group in EQUAL_KEY_GROUPS:
+            for k in group:
+                assert c.get(k) == repr(group[0]), (k, where)
+                assert k in c
+        if where == "spill":
+            assert c.stats().store_hits > before.store_hits
+        assert len(c) == len(EQUAL_KEY_GROUPS)
+        # dict semantics: an overwrite through an equal key keeps the first key
+        for group in EQUAL_KEY_GROUPS:
+            c.set(group[-1], "over")
+        if where == "spill":
+            spill(c)
+        elif where == "restart":
+            c = reopen(c)
+        keys = list(c)
+        expect = [g[0] for g in EQUAL_KEY_GROUPS]
+        assert sorted(map(repr, keys)) == sorted(map(repr, expect))
+        for got in keys:
+            want = next(g[0] for g in EQUAL_KEY_GROUPS if g[0] == got)
+            assert repr(got) == repr(want)
+            assert type(got) is type(want)
+        assert all(c[g[1]] == "over" for g in EQUAL_KEY_GROUPS)
+        # and a delete through an equal key removes it
+        for group in EQUAL_KEY_GROUPS:
+            assert c.delete(group[-1]) is True
+        assert len(c) == 0
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("where", ["memory", "spill", "restart"])
+def test_unequal_keys_stay_apart(tmp_path, where):
+    kw = dict(page_size=1, max_pages=1) if where == "spill" else {}
+    c = open_cache(tmp_path / "c", **kw)
+    nfc, nfd = "\u00e9", "e\u0301"
+    keys = ["1", 1, b"x", "x", "\U0001F439", nfc, nfd, (1,), ((1,),), "", b"", None, 0.5,
+            "\ud800", (None, None), -1, 2**64 + 1, float(2**64)]
+    try:
+        for i, k in enumerate(keys):
+            c[k] = i
+        if where == "spill":
+            spill(c)
+        elif where == "restart":
+            c = reopen(c)
+        assert len(c) == len(keys)
+        for i, k in enumerate(keys):
+            assert c[k] == i, k
+        got = list(c.keys())
+        assert sorted(map(repr, got)) == sorted(map(repr, keys))
+        by_repr = {repr(k): k for k in got}
+        for k in keys:
+            assert type(by_repr[repr(k)]) is type(k)
+    finally:
+        c.close()
+
+
+def test_nan_key_is_a_valueerror(cache):
+    nan = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        cache.set(nan, 1)
+    with pytest.raises(ValueError):
+        cache.set((1, nan), 1)
+    with pytest.raises(ValueError):
+        cache.get(nan)
+    with pytest.raises(ValueError):
+        cache.delete(nan)
+    assert len(cache) == 0 and cache.stats().sets == 0
+
+
+@pytest.mark.parametrize("bad", [[1], {"a": 1}, {1}, object(), frozenset(), (1, [2])],
+                         ids=["list", "dict", "set", "object", "frozenset", "tuple-with-list"])
+def test_unsupported_key_type_is_a_typeerror_naming_the_type(cache, bad):
+    inner = bad[1] if isinstance(bad, tuple) else bad
+    name = type(inner).__name__
+    with pytest.raises(TypeError, match=name):
+        cache.set(bad, 1)
+    with pytest.raises(TypeError, match=name):
+        cache[bad] = 1
+    with pytest.raises(TypeError):
+        cache.get(bad)
+    with pytest.raises(TypeError):
+        cache.delete(bad)
+    with pytest.raises(TypeError):
+        bad in cache  # noqa: B015
+    assert len(cache) == 0 and cache.stats().sets == 0
+
+
+def test_key_subclasses_are_refused(cache):
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    class S(str):
+        pass
+
+    with pytest.raises(TypeError, match="Color"):
+        cache.set(Color.RED, 1)
+    with pytest.raises(TypeError, match=r"<locals>\.S\b"):
+        cache.set(S("a"), 1)
+
+
+# -- errors and lifecycle ------------------------------------------------------------
+
+
+def test_use_after_close_raises_cacheclosederror(tmp_path):
+    c = open_cache(tmp_path / "c")
+    c["a"] = 1
+    c.close()
+    c.close()  # idempotent
+    assert c.closed
+    ops = [lambda: c.get("a"), lambda: c["a"], lambda: c.set("a", 2), lambda: c.delete("a"),
+           lambda: len(c), lambda: iter(c), lambda: list(c.keys()), lambda: c.flush(),
+           lambda: "a" in c, lambda: c.pop("a"), lambda: c.clear(), lambda: c.popitem()]
+    for op in ops:
+        with pytest.raises(CacheClosedError) as info:
+            op()
+        assert isinstance(info.value, ValueError)
+        assert isinstance(info.value, DurableKVError)
+        assert str(tmp_path / "c") in str(info.value)
+    with open_cache(tmp_path / "c") as c2:
+        assert c2["a"] == 1
+
+
+def test_with_block_closes(tmp_path):
+    with open_cache(tmp_path / "c") as c:
+        c["a"] = 1
+    assert c.closed
+    with pytest.raises(CacheClosedError):
+        c.get("a")
+
+
+def test_second_open_in_same_process_is_locked_with_pid(tmp_path):
+    c = open_cache(tmp_path / "c")
+    try:
+        with pytest.raises(CacheLockedError) as info:
+            open_cache(tmp_path / "c")
+        assert info.value.pid == os.getpid()
+        assert str(os.getpid()) in str(info.value)
+        c["still"] = "works"
+        assert c["still"] == "works"
+    finally:
+        c.close()
+    with open_cache(tmp_path / "c") as c2:  # released by close()
+        assert c2["still"] == "works"
+
+
+def test_second_open_from_another_process_is_locked_with_pid(tmp_path):
+    d = tmp_path / "c"
+    with open_cache(d) as c:
+        c["a"] = 1
+        code = textwrap.dedent(f"""
+            import sys
+            from durablekv import Cache, CacheLockedError
+            try:
+                Cache({str(d)!r})
+            except CacheLockedError as exc:
+                print("LOCKED", exc.pid)
+                print(exc)
+                sys.exit(0)
+            sys.exit(3)
+        """)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=30)
+        assert out.returncode == 0, out.stderr
+        first, msg = out.stdout.split("\n", 1)
+        assert first == f"LOCKED {os.getpid()}"
+        assert str(os.getpid()) in msg and str(d) in msg
+
+
+@pytest.mark.parametrize("kw", [dict(page_size=0), dict(max_pages=-1), dict(max_pages=0),
+                                dict(durability="sometimes"), dict(flush_interval=0),
+                                dict(flush_interval=float("nan")), dict(on_corruption="x"),
+                                dict(page_size=1.5), dict(max_value_bytes=0),
+                                dict(serializer="yaml")],
+                         ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()))
+def test_bad_config_is_a_configerror(tmp_path, kw):
+    with pytest.raises(ConfigError) as info:
+        Cache(tmp_path / "c", **kw)
+    assert isinstance(info.value, ValueError)
+    (value,) = kw.values()
+    assert repr(value) in str(info.value)
+    # nothing left locked
+    with open_cache(tmp_path / "c") as c:
+        c["ok"] = 1
+
+
+def test_page_size_is_fixed_at_creation(tmp_path):
+    with open_cache(tmp_path / "c", page_size=4) as c:
+        c.update({i: i for i in range(10)})
+    with pytest.raises(ConfigError, match="page_size=4"):
+        open_cache(tmp_path / "c", page_size=8)
+    with open_cache(tmp_path / "c") as c:
+        assert c.page_size == 4
+        assert c.stats().page_size == 4
+        assert dict(c.items()) == {i: i for i in range(10)}
+    with open_cache(tmp_path / "c", page_size=4) as c:
+        assert len(c) == 10
+
+
+# -- stats ---------------------------------------------------------------------------
+
+
+def test_stats_has_every_documented_field(tmp_path):
+    with open_cache(tmp_path / "c") as c:
+        s = c.stats()
+    assert isinstance(s, CacheStats)
+    names = {f.name for f in dataclasses.fields(s)}
+    documented = {"hits", "memory_hits", "store_hits", "misses", "sets", "deletes", "evictions",
+                  "page_faults", "expirations", "flushes", "flushed_pages", "pending_pages",
+                  "resident_pages", "log_bytes", "recovered_records", "recovery_seconds"}
+    assert documented <= names
+
+
+def test_stats_move_as_expected(tmp_path):
+    c = open_cache(tmp_path / "c", page_size=1, max_pages=2, flush_batch_pages=1000)
+    try:
+        s0 = c.stats()
+        assert (s0.hits, s0.misses, s0.sets, s0.deletes, s0.evictions) == (0, 0, 0, 0, 0)
+        c["a"] = 1
+        c["b"] = 2
+        assert c.get("a") == 1                      # memory hit
+        assert c.get("zz") is None                  # miss
+        s = c.stats()
+        assert (s.memory_hits, s.store_hits, s.misses, s.sets) == (1, 0, 1, 2)
+        assert s.resident_pages == 2 and s.evictions == 0
+        assert s.log_bytes > 0
+        c["c"] = 3                                   # evicts b's page (LRU)
+        s = c.stats()
+        assert s.evictions == 1 and s.resident_pages == 2
+        assert s.pending_pages + s.flushed_pages >= 1  # b was dirty: queued or written
+        c.flush()
+        s = c.stats()
+        assert s.pending_pages == 0 and s.flushes >= 1 and s.flushed_pages >= 1
+        assert s.checkpoint_lsn == s.last_lsn == 3
+        faults = s.page_faults
+        assert c.get("b") == 2                       # page evicted: a store hit
+        s = c.stats()
+        assert (s.memory_hits, s.store_hits) == (1, 1)
+        assert s.page_faults == faults + 1
+        assert s.hits == s.memory_hits + s.store_hits == 2
+        assert c.delete("a") and not c.delete("a")
+        assert c.stats().deletes == 1
+        c.flush()
+        flushes = c.stats().flushes
+        c.flush()  # nothing new: no transaction
+        assert c.stats().flushes == flushes
+        c["d"] = 4
+        c.flush()
+        assert c.stats().flushes == flushes + 1
+        assert c.stats().resident_pages <= 2
+    finally:
+        c.close()
+    with open_cache(tmp_path / "c") as c2:
+        s = c2.stats()
+        assert s.recovered_records == 0 and s.recovery_seconds >= 0
+        assert (s.hits, s.misses, s.sets) == (0, 0, 0)
+
+
+def test_recovered_records_counted_when_log_is_replayed(tmp_path):
+    d = tmp_path / "c"
+    code = textwrap.dedent(f"""
+        import os
+        from durablekv import Cache
+        c = Cache({str(d)!r}, flush_interval=30)
+        for i in range(5):
+            c[i] = i
+        os._exit(0)   # no close(): the log holds the writes
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    with open_cache(d) as c:
+        assert c.stats().recovered_records == 5
+        assert dict(c.items()) == {i: i for i in range(5)}
+
+
+def test_store_hit_never_counts_as_memory_hit(tmp_path):
+    with open_cache(tmp_path / "c", page_size=2, max_pages=2) as c:
+        for i in range(20):
+            c[i] = i
+        c.flush()
+        for i in range(20):
+            before = c.stats()
+            resident = c.stats().resident_pages
+            assert c[i] == i
+            after = c.stats()
+            assert after.hits == before.hits + 1
+            assert after.memory_hits + after.store_hits == after.hits
+            if after.store_hits == before.store_hits + 1:
+                assert after.page_faults == before.page_faults + 1
+            assert after.resident_pages <= 2 and resident <= 2
+
+
+def test_coalescing_many_sets_few_page_writes(tmp_path):
+    with open_cache(tmp_path / "c", flush_interval=0.05) as c:
+        for i in range(10_000):
+            c[f"hot{i % 10}"] = i
+        c.flush()
+        s = c.stats()
+        assert s.sets == 10_000
+        assert s.flushed_pages <= 50, s
+        assert s.pending_pages == 0
+    with open_cache(tmp_path / "c") as c:
+        assert dict(c.items()) == {f"hot{j}": 9990 + j for j in range(10)}
+
+
+def test_public_surface_is_pinned():
+    assert durablekv.__all__ == [
+        "Cache", "CacheStats", "DurableKVError", "CacheLockedError", "CacheClosedError",
+        "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
+        "SchemaVersionError", "LogCorruptionError", "LogWriteError", "WriteBehindError",
+        "FlushTimeoutError", "TraceFormatError", "__version__"]
+
+
+def test_threads_share_one_cache(tmp_path):
+    with open_cache(tmp_path / "c", page_size=2, max_pages=3) as c:
+        errors = []
+
+        def work(t):
+            try:
+                for i in range(300):
+                    c[(t, i % 17)] = i
+                    c.get((t, (i * 7) % 17))
+                    if i % 5 == 0:
+                        c.delete((t, (i * 3) % 17))
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(c) == len(list(c))
+        assert c.stats().resident_pages <= 3
+
+
+def test_concurrent_popitem_pops_each_key_once_and_empties_the_cache(tmp_path):
+    with open_cache(tmp_path / "c", page_size=2, max_pages=2) as c:
+        model = {i: -i for i in range(400)}
+        c.update(model)
+        popped = [[] for _ in range(8)]
+        errors = []
+
+        def work(t):
+            try:
+                while True:
+                    try:
+                        popped[t].append(c.popitem())
+                    except KeyError:
+                        return
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        pairs = [p for ps in popped for p in ps]
+        # a KeyError means "empty", never "another thread took my key"
+        assert len(c) == 0
+        assert len(pairs) == len(model) and dict(pairs) == model
+
+
+# -- the whole mapping API against a dict (hypothesis state machine) -------------------
+
+KEYS = st.sampled_from([0, 1, 1.0, True, 2, "a", "b", b"a", (1, "a"), (1.0, "a"), -0.0, "é",
+                        None, 3, 4, 5, 6])
+VALUES = st.one_of(st.none(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5),
+                   st.binary(max_size=5), st.lists(st.integers(), max_size=3),
+                   st.tuples(st.integers(), st.text(max_size=2)))
+
+
+class CacheVsDict(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.tmp = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.tmp.name, "c")
+        self.cache = open_cache(self.path, page_size=2, max_pages=2, flush_batch_pages=3)
+        self.model: dict = {}
+
+    @rule(k=KEYS, v=VALUES)
+    def set(self, k, v):
+        self.cache[k] = v
+        self.model[k] = v
+
+    @rule(k=KEYS)
+    def get(self, k):
+        assert self.cache.get(k, "MISSING") == self.model.get(k, "MISSING")
+
+    @rule(k=KEYS)
+    def delete(self, k):
+        assert self.cache.delete(k) == (k in self.model)
+        self.model.pop(k, None)
+
+    @rule(k=KEYS)
+    def pop(self, k):
+        assert self.cache.pop(k, "MISSING") == self.model.pop(k, "MISSING")
+
+    @rule()
+    def popitem(self):
+        if not self.model:
+            with pytest.raises(KeyError):
+                self.cache.popitem()
+            return
+        k, v = self.cache.popitem()
+        assert self.model.pop(k) == v
+
+    @rule(k=KEYS, v=VALUES)
+    def setdefault(self, k, v):
+        assert self.cache.setdefault(k, v) == self.model.setdefault(k, v)
+
+    @rule()
+    def clear(self):
+        self.cache.clear()
+        self.model.clear()
+
+    @rule()
+    def flush(self):
+        self.cache.flush()
+
+    @rule()
+    def reopen(self):
+        self.cache.close()
+        self.cache = open_cache(self.path, max_pages=2, flush_batch_pages=3)
+
+    @invariant()
+    def agrees(self):
+        assert len(self.cache) == len(self.model)
+        keys = list(self.cache)
+        assert len(keys) == len(self.model)
+        for k in keys:
+            assert k in self.model
+        # the first-stored key object is the one listed
+        assert sorted(map(repr, keys)) == sorted(map(repr, self.model))
+        assert self.cache.stats().resident_pages <= 2
+
+    def teardown(self):
+        try:
+            self.cache.close()
+        finally:
+            self.tmp.cleanup()
+
+
+CacheVsDict.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+TestCacheVsDict = CacheVsDict.TestCase

@@ -1,0 +1,314 @@
+"""The memory tier: pages, page table, page-level LRU, pending pages, free list.
+
+First :class:`durablekv.pages.MemoryTier` on its own (a pure data structure),
+then through a Cache: with ``page_size=1`` the tier is exactly an LRU of
+``max_pages`` entries whatever the flush timing (hypothesis against an
+``OrderedDict``), and with bigger pages the resident page count never exceeds
+``max_pages``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import OrderedDict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from durablekv import Cache
+from durablekv.pages import EMPTY, PENDING, RESIDENT, MemoryTier
+
+
+def resident_ids(tier: MemoryTier) -> list[int]:
+    return [p.page_id for p in tier.lru]
+
+
+def flush_all(tier: MemoryTier) -> None:
+    """What a successful write-behind cycle does to the tier."""
+    for p in list(tier.dirty.values()):
+        n = sum(k is not EMPTY for k in p.keys)
+        tier.flushed(p, p.version, p.keys_version, n, 0)
+
+
+# -- MemoryTier on its own -------------------------------------------------------------
+
+
+def test_new_keys_fill_the_open_page_then_take_a_new_id():
+    t = MemoryTier(page_size=2, max_pages=8)
+    for k in "abcde":
+        t.insert(k, k.upper(), None, 0.0)
+    pages = {k: t.table[k][0].page_id for k in "abcde"}
+    assert pages == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 3}
+    assert t.table["d"][1] in (0, 1) and t.table["c"][1] != t.table["d"][1]
+    assert resident_ids(t) == [1, 2, 3]
+    assert set(t.dirty) == {1, 2, 3}
+    p = t.table["a"][0]
+    assert p.used == 2 and p.values[t.table["a"][1]] == "A"
+
+
+def test_lru_evicts_least_recently_used_page_dirty_ones_go_pending():
+    t = MemoryTier(page_size=1, max_pages=2)
+    t.insert("a", 1, None, 0.0)
+    t.insert("b", 2, None, 0.0)
+    t.touch(t.table["a"][0])
+    t.insert("c", 3, None, 0.0)            # evicts b (LRU), which is dirty
+    assert t.evictions == 1
+    pb = t.table["b"][0]
+    assert pb.state == PENDING and t.pending == 1
+    assert resident_ids(t) == [1, 3]
+    assert "b" in t.table                  # still readable while queued
+    # the batcher writes it: a pending page then leaves memory
+    flush_all(t)
+    assert "b" not in t.table and t.pending == 0 and pb.page_id not in t.pages
+    assert t.dirty == {}
+
+
+def test_clean_page_is_dropped_on_eviction_and_faults_back():
+    t = MemoryTier(page_size=2, max_pages=1)
+    t.next_page_id = 10
+    t.install(4, [(0, "x", 1, None), (1, "y", 2, 50.0)], stored_n=2, stored_ttl_n=1)
+    assert t.page_faults == 1 and resident_ids(t) == [4]
+    p = t.pages[4]
+    assert p.free_slots == [] and p.used == 2 and p.stored_n == 2
+    t.insert("z", 3, None, 0.0)           # new page 10 evicts clean page 4: dropped
+    assert t.evictions == 1 and t.pending == 0
+    assert "x" not in t.table and 4 not in t.pages
+    assert resident_ids(t) == [10]
+
+
+def test_pending_page_taken_back_is_a_page_fault():
+    t = MemoryTier(page_size=1, max_pages=1)
+    t.insert("a", 1, None, 0.0)
+    t.insert("b", 2, None, 0.0)
+    pa = t.table["a"][0]
+    assert pa.state == PENDING
+    t.fault_pending(pa)
+    assert pa.state == RESIDENT and t.page_faults == 1
+    assert t.table["b"][0].state == PENDING and t.pending == 1
+    assert len(t.lru) == 1
+
+
+def test_dirty_tracking_is_by_version():
+    t = MemoryTier(page_size=4, max_pages=4)
+    t.insert("a", 1, None, 0.0)
+    p = t.table["a"][0]
+    v, kv = p.version, p.keys_version
+    t.update(p, t.table["a"][1], 2, None, 0.0)     # changed while "in flight"
+    t.flushed(p, v, kv, 1, 0)
+    assert p.page_id in t.dirty                    # still dirty: written again later
+    assert p.stored_keys_version == kv
+    t.flushed(p, p.version, p.keys_version, 1, 0)
+    assert p.page_id not in t.dirty and p.dirty_since is None
+
+
+def test_value_only_update_keeps_keys_version_expire_change_bumps_it():
+    t = MemoryTier(page_size=4, max_pages=4)
+    t.insert("a", 1, None, 0.0)
+    p, slot = t.table["a"]
+    kv = p.keys_version
+    t.update(p, slot, 2, None, 0.0)
+    assert p.keys_version == kv
+    t.update(p, slot, 3, 99.0, 0.0)
+    assert p.keys_version == kv + 1 and p.expires[slot] == 99.0
+
+
+def test_emptied_page_leaves_lru_without_eviction_and_its_id_is_reused():
+    t = MemoryTier(page_size=2, max_pages=4)
+    for k in "abcde":
+        t.insert(k, 0, None, 0.0)          # pages 1: a b, 2: c d, 3: e (open)
+    t.remove("c", 0.0)
+    t.remove("d", 0.0)
+    assert 2 not in resident_ids(t) and t.evictions == 0
+    assert t.free == [2] and t.pending == 1
+    t.insert("f", 0, None, 0.0)            # fills the open page 3
+    t.insert("g", 0, None, 0.0)            # takes id 2 from the free list
+    assert t.table["g"][0].page_id == 2 and t.pending == 0
+    assert t.table["g"][0].state == RESIDENT
+
+
+def test_emptied_page_flushed_then_id_reused_as_a_fresh_page():
+    t = MemoryTier(page_size=1, max_pages=4)
+    t.insert("a", 0, None, 0.0)
+    t.insert("b", 0, None, 0.0)
+    t.remove("a", 0.0)
+    flush_all(t)
+    assert 1 not in t.pages and t.free == [1]
+    t.insert("c", 0, None, 0.0)
+    p = t.table["c"][0]
+    assert p.page_id == 1 and p.stored_n == 0 and p.used == 1
+
+
+def test_clear_forgets_everything_but_page_ids_keep_growing():
+    t = MemoryTier(page_size=2, max_pages=2)
+    for k in range(7):
+        t.insert(k, k, None, 0.0)
+    t.clear()
+    assert (t.table, t.pages, t.dirty, t.free, len(t.lru), t.pending) == ({}, {}, {}, [], 0, 0)
+    t.insert("x", 1, None, 0.0)
+    assert t.table["x"][0].page_id == 5
+
+
+def test_key_equality_in_the_page_table_is_dicts():
+    t = MemoryTier(page_size=4, max_pages=4)
+    t.insert(1.0, "a", None, 0.0)
+    assert t.table[1][0] is t.table[True][0]
+    p, slot = t.table[1]
+    assert type(p.keys[slot]) is float
+
+
+@given(st.lists(st.integers(0, 12), max_size=200), st.integers(1, 6))
+@settings(max_examples=300, deadline=None)
+def test_tier_with_page_size_1_is_an_exact_lru(keys, capacity):
+    t = MemoryTier(page_size=1, max_pages=capacity)
+    model: OrderedDict = OrderedDict()
+    hits = model_hits = 0
+    for i, k in enumerate(keys):
+        ref = t.table.get(k)
+        if ref is not None and ref[0].state == RESIDENT:
+            hits += 1
+            t.touch(ref[0])
+        elif ref is not None:
+            t.fault_pending(ref[0])
+        else:
+            t.insert(k, k, None, 0.0)
+        if k in model:
+            model_hits += 1
+            model.move_to_end(k)
+        else:
+            model[k] = None
+            if len(model) > capacity:
+                model.popitem(last=False)
+        if i % 7 == 0:
+            flush_all(t)
+        assert [p.keys[0] for p in t.lru] == list(model)
+    assert hits == model_hits
+
+
+# -- through a Cache -----------------------------------------------------------------
+
+
+def lru_model_hits(ops, capacity):
+    model: OrderedDict = OrderedDict()
+    hits = 0
+    for k in ops:
+        if k in model:
+            hits += 1
+            model.move_to_end(k)
+        else:
+            model[k] = None
+            if len(model) > capacity:
+                model.popitem(last=False)
+    return hits
+
+
+@given(ops=st.lists(st.one_of(st.integers(0, 15), st.just("flush")), min_size=1, max_size=120),
+       capacity=st.integers(1, 5), interval=st.sampled_from([30.0, 0.001]))
+@settings(max_examples=150, deadline=None)
+def test_cache_with_page_size_1_memory_hits_equal_an_lru(ops, capacity, interval):
+    """Look-aside get-then-set-on-miss: memory hits equal an OrderedDict LRU
+    of ``max_pages`` entries, whether the batcher flushes all the time, only
+    when asked, or anything in between (a page fault is never a memory hit)."""
+    keys = [k for k in ops if k != "flush"]
+    with tempfile.TemporaryDirectory() as d:
+        with Cache(d, page_size=1, max_pages=capacity, flush_interval=interval,
+                   flush_batch_pages=2) as c:
+            gets = 0
+            for k in ops:
+                if k == "flush":
+                    c.flush()
+                    continue
+                gets += 1
+                if c.get(k) is None:
+                    c.set(k, k)
+                s = c.stats()
+                assert s.resident_pages <= capacity
+            s = c.stats()
+            assert s.memory_hits == lru_model_hits(keys, capacity)
+            assert s.memory_hits + s.store_hits + s.misses == gets
+            assert s.misses == len(set(keys))
+            assert s.page_faults == s.store_hits
+            assert len(c) == len(set(keys))
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["set", "get", "delete", "flush", "pop"]),
+                         st.integers(0, 40)), max_size=150)
+
+
+@given(ops=OPS, page_size=st.integers(2, 5), max_pages=st.integers(1, 3))
+@settings(max_examples=100, deadline=None)
+def test_resident_pages_never_exceed_max_pages(ops, page_size, max_pages):
+    with tempfile.TemporaryDirectory() as d:
+        model = {}
+        with Cache(d, page_size=page_size, max_pages=max_pages, flush_interval=30,
+                   flush_batch_pages=2, max_pending_pages=4) as c:
+            for op, k in ops:
+                if op == "set":
+                    c[k] = k
+                    model[k] = k
+                elif op == "get":
+                    assert c.get(k) == model.get(k)
+                elif op == "delete":
+                    assert c.delete(k) == (k in model)
+                    model.pop(k, None)
+                elif op == "pop":
+                    assert c.pop(k, None) == model.pop(k, None)
+                else:
+                    c.flush()
+                s = c.stats()
+                assert s.resident_pages <= max_pages
+                assert s.pending_pages <= 4 + 2
+            assert len(c) == len(model) and sorted(c) == sorted(model)
+        with Cache(d) as c:
+            assert dict(c.items()) == model
+
+
+def test_page_recency_is_per_page(tmp_path):
+    # touching any entry of a page keeps the whole page resident
+    with Cache(tmp_path / "c", page_size=2, max_pages=2, flush_interval=30) as c:
+        c["a"], c["b"] = 1, 2        # page 1
+        c["c"], c["d"] = 3, 4        # page 2
+        c.get("a")                   # page 1 is now MRU
+        c["e"] = 5                   # page 3 evicts page 2
+        before = c.stats()
+        assert c["b"] == 2           # same page as a: a memory hit
+        assert c.stats().memory_hits == before.memory_hits + 1
+        assert c["c"] == 3           # page 2 was evicted: a store hit
+        s = c.stats()
+        assert s.store_hits == before.store_hits + 1 and s.evictions >= 1
+
+
+def test_get_of_evicted_key_is_a_store_hit_and_a_page_fault(tmp_path):
+    with Cache(tmp_path / "c", page_size=1, max_pages=1, flush_interval=30) as c:
+        c["a"] = 1
+        c["b"] = 2                   # a's page leaves memory (dirty: queued)
+        before = c.stats()
+        assert before.evictions == 1 and before.resident_pages == 1
+        assert c["a"] == 1           # from the batcher's queue or from SQLite
+        s = c.stats()
+        assert (s.memory_hits, s.store_hits) == (before.memory_hits, before.store_hits + 1)
+        assert s.page_faults == before.page_faults + 1
+        c.flush()
+        assert c["b"] == 2           # b was evicted by a's fault, then flushed
+        s2 = c.stats()
+        assert s2.store_hits == s.store_hits + 1 and s2.memory_hits == s.memory_hits
+        assert c["b"] == 2
+        assert c.stats().memory_hits == s.memory_hits + 1
+
+
+@pytest.mark.parametrize("page_size,max_pages", [(1, 1), (4, 2), (16, 1)])
+def test_spilled_pages_read_back_after_flush_and_restart(tmp_path, page_size, max_pages):
+    n = 100
+    with Cache(tmp_path / "c", page_size=page_size, max_pages=max_pages,
+               flush_interval=30) as c:
+        for i in range(n):
+            c[i] = str(i)
+        s = c.stats()
+        assert s.resident_pages <= max_pages
+        assert s.evictions >= n // page_size - max_pages
+        assert all(c[i] == str(i) for i in range(n))
+        assert c.stats().resident_pages <= max_pages
+    with Cache(tmp_path / "c", max_pages=max_pages) as c:
+        assert c.stats().resident_pages == 0         # nothing is read at open
+        assert all(c[i] == str(i) for i in range(n))
+        assert len(c) == n
