@@ -260,7 +260,7 @@ def failing_store(monkeypatch, cache: Cache, message: str):
     return state
 
 
-def test_failing_flush_raises_and_recovers_when_the_fault_clears(tmp_path, monkeypatch):
+def test_br017_failing_flush_raises_and_recovers_when_the_fault_clears(tmp_path, monkeypatch):
     """br017/br018: flush() raises a typed error (never hangs); pages stay in memory;
     they reach SQLite once the store accepts writes again."""
     d = tmp_path / "c"
@@ -304,30 +304,107 @@ def test_backpressure_refuses_writes_while_the_store_fails(tmp_path, monkeypatch
     assert len(contents(tmp_path / "c")) == stored + 1
 
 
-def test_database_locked_by_another_process(tmp_path):
-    """br019: another process holds the store's write lock for a while."""
+class LockHolder:
+    """Another process holding the store's write lock (BEGIN IMMEDIATE) until released."""
+
+    def __init__(self, db: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sqlite3, sys\n"
+             "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+             "c.execute('BEGIN IMMEDIATE')\n"
+             "print('locked', flush=True)\n"
+             "sys.stdin.readline()\n"
+             "c.execute('ROLLBACK')\n", str(db)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "locked"
+
+    def release(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=30)
+
+
+def test_br019_lock_held_briefly_flush_waits_and_succeeds(tmp_path):
+    d = tmp_path / "c"
+    cache = Cache(d, busy_timeout=5.0, flush_interval=0.01)
+    holder = LockHolder(d / "pages.sqlite3")
+    try:
+        cache["a"] = 1
+        timer = threading.Timer(0.5, holder.release)
+        timer.start()
+        cache.flush(timeout=10)  # SQLite's busy timeout rides out the 0.5 s lock
+        timer.join()
+        assert cache.stats().flush_errors == 0
+    finally:
+        holder.release()
+    cache.close()
+    assert contents(d) == {"a": 1}
+
+
+def test_br019_lock_held_too_long_is_a_typed_timeout(tmp_path):
     d = tmp_path / "c"
     cache = Cache(d, busy_timeout=0.2, flush_interval=0.01)
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sqlite3, sys, time\n"
-         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-         "c.execute('BEGIN IMMEDIATE')\n"
-         "print('locked', flush=True)\n"
-         "sys.stdin.readline()\n"
-         "c.execute('ROLLBACK')\n", str(d / "pages.sqlite3")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = LockHolder(d / "pages.sqlite3")
     try:
-        assert holder.stdout.readline().strip() == "locked"
         cache["a"] = 1
         with pytest.raises(FlushTimeoutError) as exc:
             cache.flush(timeout=1.0)
         assert "locked" in str(exc.value)
         assert cache["a"] == 1  # the memory tier keeps serving
+        assert cache.stats().dirty_pages == 1  # the write stays queued
     finally:
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        holder.wait(timeout=30)
-    cache.flush(timeout=30)
+        holder.release()
+    cache.flush(timeout=30)  # written once the lock is released
     cache.close()
     assert contents(d) == {"a": 1}
+
+
+# -- a real full file system (BR-018) -------------------------------------------------------
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 2 MiB tmpfs (needs root and mount permission; skipped otherwise)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_br018_disk_full_for_real(small_fs):
+    d = small_fs / "c"
+    filler = small_fs / "filler"
+    filler.write_bytes(b"\0" * (1200 << 10))  # leaves ~800 KiB for the cache
+    cache = Cache(d, page_size=4, max_pages=8, flush_interval=0.01, max_pending_pages=8)
+    acked = {}
+    error = None
+    for i in range(5000):
+        try:
+            cache[f"k{i}"] = f"{i}:" + "v" * 2000
+        except (LogWriteError, WriteBehindError) as exc:
+            error = exc
+            break
+        acked[f"k{i}"] = f"{i}:" + "v" * 2000
+    assert error is not None, "the file system never filled up"
+    assert "NOT stored" in str(error)
+    assert len(acked) > 20
+    # reads of what is there keep working, from memory and from the store
+    for k in list(acked)[:5] + list(acked)[-5:]:
+        assert cache[k] == acked[k]
+    filler.unlink()  # space comes back
+    cache[f"after"] = "ok"
+    acked["after"] = "ok"
+    cache.flush(timeout=30)
+    cache.close()
+    with Cache(d) as cache:
+        assert dict(cache.items()) == acked
+    assert check_directory(str(d)).ok
+    assert not [p for p in os.listdir(d) if p.endswith((".tmp", ".damaged"))]

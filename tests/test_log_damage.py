@@ -52,7 +52,7 @@ def test_nothing_flushed_everything_recovered(tmp_path):
         assert cache.stats().recovered_records == 3
 
 
-def test_cut_at_every_offset_of_the_last_record(tmp_path):
+def test_br022_cut_at_every_offset_of_the_last_record(tmp_path):
     """br022 step 2, for every byte: a, b stay; c goes; startup succeeds; later writes survive."""
     master = tmp_path / "master"
     seg, offsets = write_abc(master)
@@ -70,7 +70,7 @@ def test_cut_at_every_offset_of_the_last_record(tmp_path):
         shutil.rmtree(d)
 
 
-def test_zero_filled_tail_is_a_torn_tail(tmp_path):
+def test_br022_zero_filled_tail_is_a_torn_tail(tmp_path):
     """br022 step 4: 4096 zero bytes after the last good record."""
     seg, _ = write_abc(tmp_path / "c")
     with open(seg, "ab") as f:
@@ -90,7 +90,7 @@ def test_garbage_over_the_last_record_is_a_torn_tail(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["header", "payload"])
-def test_flipped_byte_before_the_tail_is_corruption(tmp_path, where):
+def test_br022_flipped_byte_before_the_tail_is_corruption(tmp_path, where):
     """br022 step 5: the CRC catches a flipped byte in record b; c behind it is
     intact, so this is not a torn tail and the cache refuses to start."""
     seg, offsets = write_abc(tmp_path / "c")
