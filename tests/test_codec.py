@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import math
 import pickle
+import tempfile
 from collections import OrderedDict
 
 import pytest
@@ -267,7 +268,6 @@ def test_values_come_back_with_exact_types(tmp_path, where):
 @given(VALUES)
 @settings(max_examples=40, deadline=None)
 def test_any_supported_value_round_trips_through_restart(value):
-    import tempfile
     with tempfile.TemporaryDirectory() as d:
         with Cache(d, flush_interval=30) as c:
             c["v"] = value

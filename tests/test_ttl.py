@@ -3,7 +3,7 @@
 BR-001 (TTL boundary and zero TTL) and BR-003 (time mocking must not hang the
 batcher; a clock stepping back never lengthens a TTL), driven three ways: an
 injected ``clock=``, freezegun with the default clock, and the real default
-clock. Nothing sleeps: time moves only when a test moves it.
+clock. Nothing sleeps to let TTL time pass: it moves only when a test moves it.
 """
 
 from __future__ import annotations
@@ -11,11 +11,18 @@ from __future__ import annotations
 import contextlib
 import math
 import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
 import threading
 import time
 
 import pytest
 from freezegun import freeze_time
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from durablekv import Cache
 
@@ -148,9 +155,6 @@ def test_br001_deadline_persists_across_restart(tmp_path, check_at):
 
 def test_br001_restart_without_close_replays_the_deadline(tmp_path):
     # the set reaches only the replay log (no flush, no close) before the reopen
-    import subprocess
-    import sys
-    import textwrap
     d = tmp_path / "c"
     code = textwrap.dedent(f"""
         import os
@@ -480,10 +484,6 @@ def test_flush_after_lazy_expiry_returns(tmp_path):
 
 # -- TTL against a model dict (hypothesis state machine) ----------------------------------
 
-from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: E402
-
 TTL_KEYS = st.sampled_from([1, 1.0, True, 0, -0.0, "a", b"a", (1, "x"), (1.0, "x"), 2, 3, 4])
 
 
@@ -494,7 +494,6 @@ class TTLVsModel(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        import tempfile
         self.tmp = tempfile.TemporaryDirectory()
         self.path = self.tmp.name
         self.clock = Clock(1000)
