@@ -13,8 +13,11 @@ dirty, or a writer meets back-pressure), or when :meth:`flush_until` waits.
 The batcher knows its collaborators only by these protocols:
 
 * ``source.take_snapshot() -> Snapshot | None`` (takes the source's lock and
-  copies what is dirty), ``snapshot.build() -> Batch`` (encodes, outside any
-  lock), ``source.flush_done(snapshot)`` and ``source.flush_failed(snapshot, exc)``.
+  copies what is dirty), ``snapshot.size`` (pages in it),
+  ``snapshot.build(indices=None, uncommitted=()) -> Batch`` (encodes, outside
+  any lock; the checkpoint stays below the changes of ``uncommitted`` pages),
+  ``source.flush_done(snapshot, indices=None)`` and
+  ``source.flush_failed(snapshot, indices=None)``.
 * ``store.write_batch(images, checkpoint_lsn, key_count, ttl_key_count, clear)``
   and ``store.checkpoint_lsn``.
 * ``log.sync()`` and ``log.truncate_through(lsn)`` (``log`` may be None).
@@ -22,6 +25,14 @@ The batcher knows its collaborators only by these protocols:
 Errors: a failed cycle is counted, remembered and retried with exponential
 back-off (``interval`` doubling up to ``max_backoff`` seconds); the pages stay
 dirty in memory. :meth:`flush_until` raises it to the caller who waits.
+
+A failure that is not about the database as a whole (not "locked", "busy",
+"full", an I/O error, ...) may be caused by one page: the batch is then
+split in halves until the failing pages are found, every other page is
+committed, and only the failing ones stay dirty and are retried (a poison
+entry never blocks the rest of the queue). The checkpoint of each partial
+commit stops below the first change of any page not yet committed, so
+invariant 2 holds throughout.
 
 Waits use ``threading.Condition``/``Event`` with real timeouts, never
 sleep-polling, so they work under time-mocking libraries (freezegun).
@@ -204,22 +215,61 @@ class WriteBehindBatcher:
         if snap is None:
             return
         try:
-            batch = snap.build()
-            if batch.images or batch.clear or batch.checkpoint_lsn > self._store.checkpoint_lsn:
-                t0 = _REAL[1]()
-                self._store.write_batch(batch.images, batch.checkpoint_lsn, batch.key_count,
-                                        batch.ttl_key_count, batch.clear)
-                dt = _REAL[1]() - t0
-                self.flush_seconds.observe(dt)
-                self.flush_pages.observe(len(batch.images))
-                self.flushes += 1
-                self.flushed_pages += len(batch.images)
+            self._commit(snap, None, frozenset())
         except BaseException as exc:
-            self._source.flush_failed(snap, exc)
-            raise
-        self._source.flush_done(snap)
+            if snap.size < 2 or not _may_be_one_page(exc):
+                self._source.flush_failed(snap)
+                raise
+            failed = self._isolate(snap, list(range(snap.size)), set(range(snap.size)))
+            if failed:
+                self._source.flush_failed(snap, [i for i, _ in failed])
+                first = failed[0][1]
+                pages = [snap.items[i][0].page_id for i, _ in failed]
+                raise WriteBehindError(
+                    self._path, first,
+                    f"write-behind flush to {self._path!r} cannot store page(s) {pages} "
+                    f"({first!r}); every other page was written, these stay in memory and "
+                    "are retried") from first
+
+    def _commit(self, snap: Any, indices: list[int] | None, uncommitted: Any) -> None:
+        """Write ``indices`` of ``snap`` (all when None) in one transaction."""
+        batch = snap.build(indices, uncommitted)
+        if batch.images or batch.clear or batch.checkpoint_lsn > self._store.checkpoint_lsn:
+            t0 = _REAL[1]()
+            self._store.write_batch(batch.images, batch.checkpoint_lsn, batch.key_count,
+                                    batch.ttl_key_count, batch.clear)
+            dt = _REAL[1]() - t0
+            self.flush_seconds.observe(dt)
+            self.flush_pages.observe(len(batch.images))
+            self.flushes += 1
+            self.flushed_pages += len(batch.images)
+        self._source.flush_done(snap, indices)
         with self._cond:
-            self._durable_lsn = max(self._durable_lsn, batch.checkpoint_lsn)
+            self._durable_lsn = max(self._durable_lsn, self._store.checkpoint_lsn)
         if self._log is not None:
             # The checkpoint is committed with synchronous=FULL: durable.
-            self._log.truncate_through(batch.checkpoint_lsn)
+            self._log.truncate_through(self._store.checkpoint_lsn)
+
+    def _isolate(self, snap: Any, indices: list[int], left: set[int]) -> list[tuple[int, BaseException]]:
+        """Commit ``indices`` in halves; return ``(index, error)`` of pages that fail alone."""
+        try:
+            self._commit(snap, indices, left - set(indices))
+        except BaseException as exc:  # noqa: BLE001 - narrowed down below
+            if len(indices) == 1 or not _may_be_one_page(exc):
+                return [(i, exc) for i in indices]
+            mid = len(indices) // 2
+            return (self._isolate(snap, indices[:mid], left)
+                    + self._isolate(snap, indices[mid:], left))
+        left.difference_update(indices)
+        return []
+
+
+_WHOLE_STORE = ("locked", "busy", "full", "disk i/o", "readonly", "read-only",
+                "unable to open", "interrupted", "no such table", "malformed")
+
+
+def _may_be_one_page(exc: BaseException) -> bool:
+    """Whether a failed flush might be caused by one page's data (worth
+    isolating) rather than by the database as a whole (worth retrying)."""
+    text = f"{exc} {exc.__cause__ or ''}".lower()
+    return not any(word in text for word in _WHOLE_STORE)

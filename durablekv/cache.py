@@ -34,7 +34,7 @@ from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
-from .pages import EMPTY, PENDING, RESIDENT, MemoryTier, Page
+from .pages import EMPTY, PAGE_BYTES_LIMIT, PENDING, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from .stats import CacheStats, HistogramSnapshot
 from .store import STORE_FILE, PageImage, SQLitePageStore, decode_page, encode_page
@@ -47,6 +47,10 @@ _MISSING: Any = object()
 _REAL_MONOTONIC = (time.monotonic,)
 _OPEN, _CLOSING, _CLOSED, _FAILED = "open", "closing", "closed", "failed"
 DURABILITY_MODES = ("fsync", "log", "none")
+#: Longest encoded key (bytes); keys live in the page blobs and the index.
+MAX_KEY_BYTES = 1 << 20
+#: Largest allowed max_value_bytes: one entry must fit in a page.
+MAX_VALUE_BYTES_LIMIT = PAGE_BYTES_LIMIT - MAX_KEY_BYTES - 4096
 LOCK_FILE = "LOCK"
 
 _open_caches: "weakref.WeakValueDictionary[int, Cache]" = weakref.WeakValueDictionary()
@@ -65,28 +69,45 @@ atexit.register(_close_all_at_exit)
 
 
 class _Snapshot:
-    """Dirty pages copied under the cache lock; encoded later by the batcher."""
+    """Dirty pages copied under the cache lock; encoded later by the batcher.
 
-    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "base_count",
-                 "base_ttl")
+    ``items[i]`` is ``(page, version, keys_version, index_changed, keys,
+    values, expires, stored_n, stored_ttl_n, flight_lsn)``. The batcher may
+    commit the items in several transactions when one page keeps failing
+    (see :mod:`durablekv.batcher`); :meth:`build` then makes the checkpoint
+    stop short of the first change still uncommitted.
+    """
+
+    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "sizes")
 
     def __init__(self, cache: "Cache", items: list, checkpoint_lsn: int, clear: bool,
-                 clear_lsn: int, base_count: int, base_ttl: int) -> None:
+                 clear_lsn: int) -> None:
         self.cache = cache
         self.items = items
         self.checkpoint_lsn = checkpoint_lsn
         self.clear = clear
         self.clear_lsn = clear_lsn
-        self.base_count = base_count
-        self.base_ttl = base_ttl
+        self.sizes: dict[int, int] = {}
 
-    def build(self) -> Batch:
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+    def build(self, indices: list[int] | None = None,
+              uncommitted: set[int] | frozenset = frozenset()) -> Batch:
+        """Encode items ``indices`` (all when None). ``uncommitted`` are the
+        other items not committed yet: the checkpoint stays below their changes.
+        A pending clear goes with the first batch built after it."""
         to_blob = self.cache._codec.to_blob
         encode_key = _codec.encode_key
         canonical_key = _codec.canonical_key
+        store = self.cache._store
+        clear = self.clear
+        count, ttl = (0, 0) if clear else (store.key_count, store.ttl_key_count)
         images = []
-        count, ttl = self.base_count, self.base_ttl
-        for page, _v, kv, index_changed, keys, values, expires, stored_n, stored_ttl in self.items:
+        for i in (range(len(self.items)) if indices is None else indices):
+            (page, _v, _kv, index_changed, keys, values, expires, stored_n, stored_ttl,
+             _lsn) = self.items[i]
             entries = []
             rows = [] if index_changed else None
             ttl_n = 0
@@ -104,8 +125,15 @@ class _Snapshot:
             n = len(entries)
             count += n - stored_n
             ttl += ttl_n - stored_ttl
-            images.append(PageImage(page.page_id, n, ttl_n, encode_page(entries), rows))
-        return Batch(images, self.checkpoint_lsn, count, ttl, self.clear)
+            data = encode_page(entries)
+            self.sizes[i] = len(data)
+            images.append(PageImage(page.page_id, n, ttl_n, data, rows))
+        checkpoint = self.checkpoint_lsn
+        for j in uncommitted:
+            lsn = self.items[j][9]
+            if lsn is not None:
+                checkpoint = min(checkpoint, lsn - 1)
+        return Batch(images, checkpoint, count, ttl, clear)
 
 
 class Cache(MutableMapping):
@@ -267,9 +295,10 @@ class Cache(MutableMapping):
             ref = self._tier.table.get(key) or self._locate(key)
             if rec.op == OP_SET:
                 held = self._codec.memory_form_from_blob(rec.value)
-                self._apply_set(key, held, rec.expire_at, ref)
+                self._apply_set(key, held, rec.expire_at, ref, rec.lsn,
+                                len(rec.key) + len(rec.value))
             elif ref is not None:
-                self._apply_delete(key)
+                self._apply_delete(key, rec.lsn)
             self._last_lsn = rec.lsn
 
     # -- helpers -----------------------------------------------------------------------
@@ -325,7 +354,7 @@ class Cache(MutableMapping):
             if key in self._tier.table:
                 raise CorruptStoreError(self._store.path,
                                         f"page {pid} holds key {key!r}, which lives in another page")
-        return self._tier.install(pid, entries, len(entries), ttl_n)
+        return self._tier.install(pid, entries, len(entries), ttl_n, len(data))
 
     def _ref(self, key: Any, now_fn=None) -> tuple[Page, int] | None:
         """(page, slot) of a live key, faulting its page in; None when absent.
@@ -347,7 +376,7 @@ class Cache(MutableMapping):
     def _expire(self, key: Any) -> None:
         """Drop an expired entry (no log record: replaying its set re-creates an
         entry that is just as expired)."""
-        self._tier.remove(key, _REAL_MONOTONIC[0]())
+        self._tier.remove(key, _REAL_MONOTONIC[0](), self._last_lsn + 1)
         self._count -= 1
         self._ttl_count -= 1
         self._expirations += 1
@@ -372,33 +401,42 @@ class Cache(MutableMapping):
             self._cond.wait(0.5)
 
     def _apply_set(self, key: Any, held: Any, expire_at: float | None,
-                   ref: tuple[Page, int] | None) -> None:
+                   ref: tuple[Page, int] | None, lsn: int, nbytes: int) -> None:
+        """Apply a logged set (lock held). ``nbytes``: encoded key + value size."""
         tier = self._tier
         now = _REAL_MONOTONIC[0]()
         if ref is not None:
             page, slot = ref
             old = page.expires[slot]
-            tier.update(page, slot, held, expire_at, now)
-            self._ttl_count += (expire_at is not None) - (old is not None)
-            if page.state == RESIDENT:
-                tier.touch(page)
+            if tier.fits(page, nbytes):
+                tier.update(page, slot, held, expire_at, now, lsn, nbytes)
+                self._ttl_count += (expire_at is not None) - (old is not None)
+                if page.state == RESIDENT:
+                    tier.touch(page)
+                else:
+                    tier.fault_pending(page)
             else:
-                tier.fault_pending(page)
+                # The page would outgrow PAGE_BYTES_LIMIT: move the entry to
+                # another page, keeping the key object first stored.
+                key = page.keys[slot]
+                tier.remove(key, now, lsn)
+                tier.insert(key, held, expire_at, now, lsn, nbytes)
+                self._ttl_count += (expire_at is not None) - (old is not None)
         else:
-            tier.insert(key, held, expire_at, now)
+            tier.insert(key, held, expire_at, now, lsn, nbytes)
             self._count += 1
             if expire_at is not None:
                 self._ttl_count += 1
-        if len(tier.dirty) >= self.flush_batch_pages or tier.pending:
+        if len(tier.dirty) >= self.flush_batch_pages or tier.pending * 2 >= self.max_pending_pages:
             self._batcher.kick()
 
-    def _apply_delete(self, key: Any) -> None:
+    def _apply_delete(self, key: Any, lsn: int) -> None:
         page, slot = self._tier.table[key]
         if page.expires[slot] is not None:
             self._ttl_count -= 1
-        self._tier.remove(key, _REAL_MONOTONIC[0]())
+        self._tier.remove(key, _REAL_MONOTONIC[0](), lsn)
         self._count -= 1
-        if self._tier.pending:
+        if self._tier.pending * 2 >= self.max_pending_pages:
             self._batcher.kick()
 
     def _apply_clear(self, lsn: int) -> None:
@@ -498,6 +536,9 @@ class Cache(MutableMapping):
         """
         expire = _check_expire(expire)
         kb = _codec.encode_key(key)
+        if len(kb) > MAX_KEY_BYTES:
+            raise ValueError(f"key is {len(kb)} bytes encoded, over the {MAX_KEY_BYTES}-byte "
+                             "limit on keys; use a shorter key (e.g. a hash of it)")
         vb = self._codec.encode(value)
         size = self._codec.value_bytes(value, vb)
         if size > self.max_value_bytes:
@@ -519,7 +560,7 @@ class Cache(MutableMapping):
                     if ref is None:
                         return
                     lsn = self._append(OP_DELETE, kb, b"", None)
-                    self._apply_delete(key)
+                    self._apply_delete(key, lsn)
                     sync = self.durability == "fsync"
                     if not sync:
                         return
@@ -535,7 +576,7 @@ class Cache(MutableMapping):
                 # new key object, as a dict does for a fresh key), not updated.
                 ref = self._ref(key)
                 lsn = self._append(OP_SET, kb, vb, expire_at)
-                self._apply_set(key, held, expire_at, ref)
+                self._apply_set(key, held, expire_at, ref, lsn, len(kb) + len(vb))
                 self._sets += 1
                 lsn_to_sync = lsn
         if self.durability == "fsync":
@@ -559,7 +600,7 @@ class Cache(MutableMapping):
             if self._ref(key) is None:
                 return False
             lsn = self._append(OP_DELETE, kb, b"", None)
-            self._apply_delete(key)
+            self._apply_delete(key, lsn)
             self._deletes += 1
         if self.durability == "fsync":
             self._sync(lsn)
@@ -584,7 +625,7 @@ class Cache(MutableMapping):
             page, slot = ref
             value = self._codec.from_memory(page.values[slot])
             lsn = self._append(OP_DELETE, kb, b"", None)
-            self._apply_delete(key)
+            self._apply_delete(key, lsn)
             self._deletes += 1
         if self.durability == "fsync":
             self._sync(lsn)
@@ -870,26 +911,29 @@ class Cache(MutableMapping):
                     self._last_lsn <= self._store.checkpoint_lsn:
                 return None
             items = [(p, p.version, p.keys_version, p.keys_version != p.stored_keys_version,
-                      list(p.keys), list(p.values), list(p.expires), p.stored_n, p.stored_ttl_n)
+                      list(p.keys), list(p.values), list(p.expires), p.stored_n, p.stored_ttl_n,
+                      tier.start_flush(p))
                      for p in tier.dirty.values()]
-            clear = self._clear_pending
-            store = self._store
-            return _Snapshot(self, items, self._last_lsn, clear, self._clear_lsn,
-                             0 if clear else store.key_count, 0 if clear else store.ttl_key_count)
+            return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn)
 
-    def flush_done(self, snap: _Snapshot) -> None:
+    def flush_done(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
         with self._lock:
             tier = self._tier
-            for p, version, kv, _, keys, _, expires, _, _ in snap.items:
+            for i in (range(len(snap.items)) if indices is None else indices):
+                p, version, kv, _, keys, _, expires, _, _, _ = snap.items[i]
                 n = sum(1 for k in keys if k is not EMPTY)
                 ttl_n = sum(1 for k, e in zip(keys, expires) if k is not EMPTY and e is not None)
-                tier.flushed(p, version, kv, n, ttl_n)
-            if snap.clear and self._clear_lsn == snap.clear_lsn:
-                self._clear_pending = False
+                tier.flushed(p, version, kv, n, ttl_n, snap.sizes.get(i, p.nbytes))
+            if snap.clear:
+                snap.clear = False  # committed with these pages
+                if self._clear_lsn == snap.clear_lsn:
+                    self._clear_pending = False
             self._cond.notify_all()
 
-    def flush_failed(self, snap: _Snapshot, exc: BaseException) -> None:
+    def flush_failed(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
         with self._lock:
+            for i in (range(len(snap.items)) if indices is None else indices):
+                self._tier.flush_failed(snap.items[i][0])
             self._cond.notify_all()
 
 
@@ -962,7 +1006,7 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
         need_int("page_size", page_size, 1, 65535)
     need_int("max_pages", max_pages, 1)
     need_int("flush_batch_pages", flush_batch_pages, 1)
-    need_int("max_value_bytes", max_value_bytes, 1, (1 << 31) - 1024)
+    need_int("max_value_bytes", max_value_bytes, 1, MAX_VALUE_BYTES_LIMIT)
     if max_pending_pages is not None:
         need_int("max_pending_pages", max_pending_pages, 1)
     for nm, v in (("flush_interval", flush_interval), ("busy_timeout", busy_timeout)):

@@ -18,7 +18,9 @@ access). The design is a database buffer pool shrunk to key/value entries
   ``page_size=1`` this is exactly an entry-level LRU of ``max_pages`` entries.
 * Dirty tracking is by version (invariant 4 of the design): every change
   bumps ``page.version``; a flush remembers the version it wrote, and a page
-  changed while its flush was in flight stays dirty.
+  changed while its flush was in flight stays dirty. ``page.dirty_lsn`` is
+  the LSN of the first change not yet in the store, so a flush that could
+  write only some pages knows how far its checkpoint may go.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Iterator
 
-__all__ = ["Page", "MemoryTier", "EMPTY"]
+__all__ = ["Page", "MemoryTier", "EMPTY", "PAGE_BYTES_LIMIT"]
+
+#: Most encoded bytes (keys + values) a page holds, well under SQLite's
+#: default 1,000,000,000-byte limit on a blob: an insert that would pass it
+#: starts a new page, an overwrite that would pass it moves the entry to one.
+PAGE_BYTES_LIMIT = 256 << 20
 
 
 class _Empty:
@@ -54,13 +61,18 @@ class Page:
     :ivar keys_version: bumped when the set of keys or an expire_at changes,
         so a flush can skip rewriting the key index for value-only changes.
     :ivar dirty_since: ``time.monotonic()`` when the page became dirty, or None.
+    :ivar dirty_lsn: LSN of the first change not yet handed to a flush, or None.
+    :ivar flight_lsn: the ``dirty_lsn`` handed to the flush now in flight, or None.
+    :ivar nbytes: encoded bytes of the page's entries; exact after a flush or
+        a page fault, an upper bound in between (overwrites only add).
     :ivar stored_n / stored_ttl_n: entries (with an expire_at) as last
         committed to the store; used to keep the store's counts exact.
     """
 
     __slots__ = ("page_id", "keys", "values", "expires", "used", "version",
                  "keys_version", "state", "dirty_since", "stored_n",
-                 "stored_ttl_n", "stored_keys_version", "free_slots")
+                 "stored_ttl_n", "stored_keys_version", "free_slots", "dirty_lsn",
+                 "flight_lsn", "nbytes")
 
     def __init__(self, page_id: int, page_size: int) -> None:
         self.page_id = page_id
@@ -76,6 +88,9 @@ class Page:
         self.stored_n = 0
         self.stored_ttl_n = 0
         self.free_slots: list[int] = list(range(page_size - 1, -1, -1))
+        self.dirty_lsn: int | None = None
+        self.flight_lsn: int | None = None
+        self.nbytes = 0
 
     def __repr__(self) -> str:
         st = "resident" if self.state == RESIDENT else "pending"
@@ -152,10 +167,11 @@ class MemoryTier:
         del self.pages[page.page_id]
 
     def install(self, page_id: int, entries: list[tuple[int, Any, Any, float | None]],
-                stored_n: int, stored_ttl_n: int) -> Page:
+                stored_n: int, stored_ttl_n: int, nbytes: int = 0) -> Page:
         """Make a page read from the store resident (a page fault).
 
         :param entries: ``(slot, key, held_value, expire_at)`` as stored.
+        :param nbytes: size of the stored page blob.
         """
         page = Page(page_id, self.page_size)
         free = set(range(self.page_size))
@@ -169,6 +185,7 @@ class MemoryTier:
         page.free_slots = sorted(free, reverse=True)
         page.stored_n = stored_n
         page.stored_ttl_n = stored_ttl_n
+        page.nbytes = nbytes
         self.pages[page_id] = page
         self.page_faults += 1
         self.make_resident(page)
@@ -181,15 +198,19 @@ class MemoryTier:
 
     # -- changes ---------------------------------------------------------------
 
-    def mark_dirty(self, page: Page, now: float) -> None:
+    def mark_dirty(self, page: Page, now: float, lsn: int) -> None:
+        """Record a change to ``page`` made by the change with LSN ``lsn``."""
         page.version += 1
+        if page.dirty_lsn is None:
+            page.dirty_lsn = lsn
         if page.page_id not in self.dirty:
             self.dirty[page.page_id] = page
             page.dirty_since = now
 
-    def _take_page(self) -> Page:
+    def _take_page(self, nbytes: int) -> Page:
         page = self.open_page
-        if page is not None and page.used < self.page_size:
+        if page is not None and page.used < self.page_size \
+                and page.nbytes + nbytes <= PAGE_BYTES_LIMIT:
             return page
         if self.free:
             pid = self.free.pop()
@@ -209,9 +230,14 @@ class MemoryTier:
         self.open_page = page
         return page
 
-    def insert(self, key: Any, held: Any, expire_at: float | None, now: float) -> Page:
-        """Add a new key (not in the table) to the open page; return its page."""
-        page = self._take_page()
+    def insert(self, key: Any, held: Any, expire_at: float | None, now: float, lsn: int,
+               nbytes: int) -> Page:
+        """Add a new key (not in the table) to the open page; return its page.
+
+        :param nbytes: the entry's encoded size (key + value).
+        """
+        page = self._take_page(nbytes)
+        page.nbytes += nbytes
         slot = page.free_slots.pop()
         page.keys[slot] = key
         page.values[slot] = held
@@ -219,21 +245,26 @@ class MemoryTier:
         page.used += 1
         page.keys_version += 1
         self.table[key] = (page, slot)
-        self.mark_dirty(page, now)
+        self.mark_dirty(page, now, lsn)
         if page.state == RESIDENT:
             self.lru.move_to_end(page)
         return page
 
+    def fits(self, page: Page, nbytes: int) -> bool:
+        """Whether an overwrite of ``nbytes`` keeps ``page`` within the byte limit."""
+        return page.nbytes + nbytes <= PAGE_BYTES_LIMIT
+
     def update(self, page: Page, slot: int, held: Any, expire_at: float | None,
-               now: float) -> None:
+               now: float, lsn: int, nbytes: int) -> None:
         """Overwrite the entry in ``slot`` (the key stays as first stored)."""
         page.values[slot] = held
+        page.nbytes += nbytes
         if page.expires[slot] != expire_at:
             page.expires[slot] = expire_at
             page.keys_version += 1
-        self.mark_dirty(page, now)
+        self.mark_dirty(page, now, lsn)
 
-    def remove(self, key: Any, now: float) -> tuple[Page, int]:
+    def remove(self, key: Any, now: float, lsn: int) -> tuple[Page, int]:
         """Remove ``key`` (which must be in the table); return its old place."""
         page, slot = self.table.pop(key)
         page.keys[slot] = EMPTY
@@ -242,7 +273,7 @@ class MemoryTier:
         page.used -= 1
         page.keys_version += 1
         page.free_slots.append(slot)
-        self.mark_dirty(page, now)
+        self.mark_dirty(page, now, lsn)
         if page.used == 0 and page is not self.open_page:
             # An empty page needs no residency: it leaves the LRU (without
             # counting as an eviction) and its id goes to the free list. It is
@@ -266,14 +297,29 @@ class MemoryTier:
 
     # -- write-behind bookkeeping ----------------------------------------------
 
-    def flushed(self, page: Page, version: int, keys_version: int, n: int, ttl_n: int) -> None:
+    def start_flush(self, page: Page) -> int | None:
+        """Hand ``page``'s dirty LSN to a flush; return it."""
+        page.flight_lsn = page.dirty_lsn
+        page.dirty_lsn = None
+        return page.flight_lsn
+
+    def flush_failed(self, page: Page) -> None:
+        """The flush of ``page`` did not commit: it is dirty since its old LSN."""
+        if page.flight_lsn is not None:
+            page.dirty_lsn = page.flight_lsn
+        page.flight_lsn = None
+
+    def flushed(self, page: Page, version: int, keys_version: int, n: int, ttl_n: int,
+                nbytes: int) -> None:
         """Record that ``page`` at ``version`` is committed to the store."""
         page.stored_n = n
         page.stored_ttl_n = ttl_n
         page.stored_keys_version = keys_version
+        page.flight_lsn = None
         if self.pages.get(page.page_id) is not page:
             return  # forgotten meanwhile (clear())
         if page.version == version:
+            page.nbytes = nbytes
             self.dirty.pop(page.page_id, None)
             page.dirty_since = None
             if page.state == PENDING:

@@ -408,3 +408,83 @@ def test_br018_disk_full_for_real(small_fs):
         assert dict(cache.items()) == acked
     assert check_directory(str(d)).ok
     assert not [p for p in os.listdir(d) if p.endswith((".tmp", ".damaged"))]
+
+
+# -- one page that SQLite keeps refusing (BR-017) ----------------------------------------
+
+
+def test_br017_poison_page_is_isolated_and_the_rest_is_written(tmp_path, monkeypatch):
+    d = tmp_path / "c"
+    cache = Cache(d, page_size=1, max_pages=100, flush_interval=0.01)
+    real = cache._store.write_batch
+    state = {"poison": True}
+
+    def write_batch(images, *args, **kwargs):
+        if state["poison"] and any(b"bad" in img.data for img in images):
+            raise sqlite3.OperationalError("poison: cannot store this row")
+        return real(images, *args, **kwargs)
+
+    monkeypatch.setattr(cache._store, "write_batch", write_batch)
+    cache["good1"] = 1
+    cache["bad"] = 2
+    cache["good2"] = 3
+    with pytest.raises(FlushTimeoutError) as exc:
+        cache.flush(timeout=1.0)
+    assert "poison" in str(exc.value)
+    st = cache.stats()
+    assert st.flush_errors >= 1 and st.dirty_pages == 1  # only the poison page is left
+    assert cache._batcher.alive
+    # good1 and good2 are in SQLite: a store-only reopen (log removed) shows them
+    cache.set("later", 4)
+    with pytest.raises(FlushTimeoutError):
+        cache.flush(timeout=0.5)
+    # the checkpoint stops below the poison page's change, so the log still covers it
+    assert cache._store.checkpoint_lsn < 2
+    conn = sqlite3.connect(f"file:{d / 'pages.sqlite3'}?mode=ro", uri=True)
+    stored = {r[0] for r in conn.execute("SELECT data FROM pages")}
+    conn.close()
+    assert any(b"good1" in x for x in stored) and any(b"good2" in x for x in stored)
+    assert any(b"later" in x for x in stored) and not any(b"bad" in x for x in stored)
+    state["poison"] = False  # the fault clears: the page is retried and lands
+    cache.flush(timeout=10)
+    cache.close()
+    assert contents(d) == {"good1": 1, "bad": 2, "good2": 3, "later": 4}
+
+
+def test_br017_unserializable_value_is_refused_in_the_callers_thread(tmp_path):
+    with Cache(tmp_path / "c") as cache:
+        with pytest.raises(TypeError) as exc:
+            cache["f"] = lambda: 1
+        assert "function" in str(exc.value)
+        assert cache.stats().sets == 0 and len(cache) == 0
+        cache.flush(timeout=5)
+        assert cache.stats().flush_errors == 0
+
+
+def test_page_byte_limit_moves_big_entries_to_other_pages(tmp_path, monkeypatch):
+    """Pages stay under SQLite's blob limit: with the limit made small, inserts
+    start new pages and a growing overwrite moves its entry."""
+    import durablekv.pages as pages
+
+    monkeypatch.setattr(pages, "PAGE_BYTES_LIMIT", 10_000)
+    d = tmp_path / "c"
+    with Cache(d, page_size=16, max_pages=4) as cache:
+        for i in range(10):
+            cache[f"k{i}"] = "x" * 3000  # ~3 entries fit a page
+        cache["k0"] = "y" * 6000  # overwrite that no longer fits its page
+        cache.flush()
+        conn = sqlite3.connect(f"file:{d / 'pages.sqlite3'}?mode=ro", uri=True)
+        sizes = [r[0] for r in conn.execute("SELECT length(data) FROM pages")]
+        conn.close()
+        assert max(sizes) <= 10_000 + 16 * 64
+        assert len(sizes) >= 4
+    with Cache(d) as cache:
+        assert cache["k0"] == "y" * 6000 and len(cache) == 10
+    assert check_directory(str(d)).ok
+
+
+def test_oversized_key_is_refused(tmp_path):
+    with Cache(tmp_path / "c") as cache:
+        with pytest.raises(ValueError) as exc:
+            cache["k" * (2 << 20)] = 1
+        assert "limit on keys" in str(exc.value)

@@ -28,7 +28,7 @@ def flush_all(tier: MemoryTier) -> None:
     """What a successful write-behind cycle does to the tier."""
     for p in list(tier.dirty.values()):
         n = sum(k is not EMPTY for k in p.keys)
-        tier.flushed(p, p.version, p.keys_version, n, 0)
+        tier.flushed(p, p.version, p.keys_version, n, 0, 10)
 
 
 # -- MemoryTier on its own -------------------------------------------------------------
@@ -37,7 +37,7 @@ def flush_all(tier: MemoryTier) -> None:
 def test_new_keys_fill_the_open_page_then_take_a_new_id():
     t = MemoryTier(page_size=2, max_pages=8)
     for k in "abcde":
-        t.insert(k, k.upper(), None, 0.0)
+        t.insert(k, k.upper(), None, 0.0, 1, 10)
     pages = {k: t.table[k][0].page_id for k in "abcde"}
     assert pages == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 3}
     assert t.table["d"][1] in (0, 1) and t.table["c"][1] != t.table["d"][1]
@@ -49,10 +49,10 @@ def test_new_keys_fill_the_open_page_then_take_a_new_id():
 
 def test_lru_evicts_least_recently_used_page_dirty_ones_go_pending():
     t = MemoryTier(page_size=1, max_pages=2)
-    t.insert("a", 1, None, 0.0)
-    t.insert("b", 2, None, 0.0)
+    t.insert("a", 1, None, 0.0, 1, 10)
+    t.insert("b", 2, None, 0.0, 1, 10)
     t.touch(t.table["a"][0])
-    t.insert("c", 3, None, 0.0)            # evicts b (LRU), which is dirty
+    t.insert("c", 3, None, 0.0, 1, 10)            # evicts b (LRU), which is dirty
     assert t.evictions == 1
     pb = t.table["b"][0]
     assert pb.state == PENDING and t.pending == 1
@@ -71,7 +71,7 @@ def test_clean_page_is_dropped_on_eviction_and_faults_back():
     assert t.page_faults == 1 and resident_ids(t) == [4]
     p = t.pages[4]
     assert p.free_slots == [] and p.used == 2 and p.stored_n == 2
-    t.insert("z", 3, None, 0.0)           # new page 10 evicts clean page 4: dropped
+    t.insert("z", 3, None, 0.0, 1, 10)           # new page 10 evicts clean page 4: dropped
     assert t.evictions == 1 and t.pending == 0
     assert "x" not in t.table and 4 not in t.pages
     assert resident_ids(t) == [10]
@@ -79,8 +79,8 @@ def test_clean_page_is_dropped_on_eviction_and_faults_back():
 
 def test_pending_page_taken_back_is_a_page_fault():
     t = MemoryTier(page_size=1, max_pages=1)
-    t.insert("a", 1, None, 0.0)
-    t.insert("b", 2, None, 0.0)
+    t.insert("a", 1, None, 0.0, 1, 10)
+    t.insert("b", 2, None, 0.0, 1, 10)
     pa = t.table["a"][0]
     assert pa.state == PENDING
     t.fault_pending(pa)
@@ -91,50 +91,50 @@ def test_pending_page_taken_back_is_a_page_fault():
 
 def test_dirty_tracking_is_by_version():
     t = MemoryTier(page_size=4, max_pages=4)
-    t.insert("a", 1, None, 0.0)
+    t.insert("a", 1, None, 0.0, 1, 10)
     p = t.table["a"][0]
     v, kv = p.version, p.keys_version
-    t.update(p, t.table["a"][1], 2, None, 0.0)     # changed while "in flight"
-    t.flushed(p, v, kv, 1, 0)
+    t.update(p, t.table["a"][1], 2, None, 0.0, 1, 10)     # changed while "in flight"
+    t.flushed(p, v, kv, 1, 0, 10)
     assert p.page_id in t.dirty                    # still dirty: written again later
     assert p.stored_keys_version == kv
-    t.flushed(p, p.version, p.keys_version, 1, 0)
+    t.flushed(p, p.version, p.keys_version, 1, 0, 10)
     assert p.page_id not in t.dirty and p.dirty_since is None
 
 
 def test_value_only_update_keeps_keys_version_expire_change_bumps_it():
     t = MemoryTier(page_size=4, max_pages=4)
-    t.insert("a", 1, None, 0.0)
+    t.insert("a", 1, None, 0.0, 1, 10)
     p, slot = t.table["a"]
     kv = p.keys_version
-    t.update(p, slot, 2, None, 0.0)
+    t.update(p, slot, 2, None, 0.0, 1, 10)
     assert p.keys_version == kv
-    t.update(p, slot, 3, 99.0, 0.0)
+    t.update(p, slot, 3, 99.0, 0.0, 1, 10)
     assert p.keys_version == kv + 1 and p.expires[slot] == 99.0
 
 
 def test_emptied_page_leaves_lru_without_eviction_and_its_id_is_reused():
     t = MemoryTier(page_size=2, max_pages=4)
     for k in "abcde":
-        t.insert(k, 0, None, 0.0)          # pages 1: a b, 2: c d, 3: e (open)
-    t.remove("c", 0.0)
-    t.remove("d", 0.0)
+        t.insert(k, 0, None, 0.0, 1, 10)          # pages 1: a b, 2: c d, 3: e (open)
+    t.remove("c", 0.0, 1)
+    t.remove("d", 0.0, 1)
     assert 2 not in resident_ids(t) and t.evictions == 0
     assert t.free == [2] and t.pending == 1
-    t.insert("f", 0, None, 0.0)            # fills the open page 3
-    t.insert("g", 0, None, 0.0)            # takes id 2 from the free list
+    t.insert("f", 0, None, 0.0, 1, 10)            # fills the open page 3
+    t.insert("g", 0, None, 0.0, 1, 10)            # takes id 2 from the free list
     assert t.table["g"][0].page_id == 2 and t.pending == 0
     assert t.table["g"][0].state == RESIDENT
 
 
 def test_emptied_page_flushed_then_id_reused_as_a_fresh_page():
     t = MemoryTier(page_size=1, max_pages=4)
-    t.insert("a", 0, None, 0.0)
-    t.insert("b", 0, None, 0.0)
-    t.remove("a", 0.0)
+    t.insert("a", 0, None, 0.0, 1, 10)
+    t.insert("b", 0, None, 0.0, 1, 10)
+    t.remove("a", 0.0, 1)
     flush_all(t)
     assert 1 not in t.pages and t.free == [1]
-    t.insert("c", 0, None, 0.0)
+    t.insert("c", 0, None, 0.0, 1, 10)
     p = t.table["c"][0]
     assert p.page_id == 1 and p.stored_n == 0 and p.used == 1
 
@@ -142,16 +142,16 @@ def test_emptied_page_flushed_then_id_reused_as_a_fresh_page():
 def test_clear_forgets_everything_but_page_ids_keep_growing():
     t = MemoryTier(page_size=2, max_pages=2)
     for k in range(7):
-        t.insert(k, k, None, 0.0)
+        t.insert(k, k, None, 0.0, 1, 10)
     t.clear()
     assert (t.table, t.pages, t.dirty, t.free, len(t.lru), t.pending) == ({}, {}, {}, [], 0, 0)
-    t.insert("x", 1, None, 0.0)
+    t.insert("x", 1, None, 0.0, 1, 10)
     assert t.table["x"][0].page_id == 5
 
 
 def test_key_equality_in_the_page_table_is_dicts():
     t = MemoryTier(page_size=4, max_pages=4)
-    t.insert(1.0, "a", None, 0.0)
+    t.insert(1.0, "a", None, 0.0, 1, 10)
     assert t.table[1][0] is t.table[True][0]
     p, slot = t.table[1]
     assert type(p.keys[slot]) is float
@@ -171,7 +171,7 @@ def test_tier_with_page_size_1_is_an_exact_lru(keys, capacity):
         elif ref is not None:
             t.fault_pending(ref[0])
         else:
-            t.insert(k, k, None, 0.0)
+            t.insert(k, k, None, 0.0, 1, 10)
         if k in model:
             model_hits += 1
             model.move_to_end(k)
