@@ -45,7 +45,7 @@ log = logging.getLogger("durablekv")
 
 _MISSING: Any = object()
 _REAL_MONOTONIC = (time.monotonic,)
-_OPEN, _CLOSING, _CLOSED, _FAILED = "open", "closing", "closed", "failed"
+_OPEN, _CLOSING, _CLOSED, _FAILED, _FORKED = "open", "closing", "closed", "failed", "forked"
 DURABILITY_MODES = ("fsync", "log", "none")
 #: Longest encoded key (bytes); keys live in the page blobs and the index.
 MAX_KEY_BYTES = 1 << 20
@@ -66,6 +66,21 @@ def _close_all_at_exit() -> None:
 
 
 atexit.register(_close_all_at_exit)
+
+#: Objects a forked child must keep alive and never close: closing the
+#: parent's SQLite connections or lock file in the child could disturb the parent.
+_inherited: list = []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits open caches without their threads: retire them."""
+    for cache in list(_open_caches.values()):
+        cache._retire_after_fork()
+    _open_caches.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Snapshot:
@@ -319,7 +334,22 @@ class Cache(MutableMapping):
         if self._state is not _OPEN:
             if self._state is _FAILED:
                 raise CacheFailedError(self.path, self._failure)
-            raise CacheClosedError(self.path)
+            raise CacheClosedError(self.path, forked=self._state is _FORKED)
+
+    def _retire_after_fork(self) -> None:
+        """In a forked child: make every call raise, touch no file, hold no lock.
+
+        The child has the parent's descriptors but not its batcher thread,
+        and a lock another parent thread held at the fork stays held forever:
+        so the locks are replaced, and the store, log and lock file are kept
+        (never closed, never unlocked) but never used again.
+        """
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._state = _FORKED
+        _inherited.append((self._store, self._log, self._lock_fd, self._batcher))
+        self._store = self._log = self._batcher = None
+        self._lock_fd = None
 
     def _locate(self, key: Any) -> tuple[Page, int] | None:
         """Find a key whose page is not in memory: key index, then page fault."""
@@ -733,7 +763,7 @@ class Cache(MutableMapping):
 
     @property
     def closed(self) -> bool:
-        return self._state in (_CLOSED, _CLOSING)
+        return self._state in (_CLOSED, _CLOSING, _FORKED)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every write acknowledged before this call is in SQLite.
@@ -759,7 +789,7 @@ class Cache(MutableMapping):
         acknowledged is lost; the next open replays it) and the error is raised.
         """
         with self._lock:
-            if self._state in (_CLOSED, _CLOSING):
+            if self._state in (_CLOSED, _CLOSING, _FORKED):
                 return
             failed = self._state is _FAILED
             self._state = _CLOSING
@@ -796,7 +826,7 @@ class Cache(MutableMapping):
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_state", _CLOSED) not in (_CLOSED, _CLOSING):
+        if getattr(self, "_state", _CLOSED) not in (_CLOSED, _CLOSING, _FORKED):
             warnings.warn(f"durablekv cache {getattr(self, 'path', '?')!r} was not closed; "
                           "use close() or a with-block (it is drained at exit)",
                           ResourceWarning, stacklevel=2)
@@ -807,7 +837,11 @@ class Cache(MutableMapping):
     # -- stats -----------------------------------------------------------------------------
 
     def stats(self) -> CacheStats:
-        """A :class:`~durablekv.stats.CacheStats` snapshot (cheap; thread-safe)."""
+        """A :class:`~durablekv.stats.CacheStats` snapshot (cheap; thread-safe).
+
+        Works after :meth:`close` too (the final numbers)."""
+        if self._state is _FORKED:
+            self._check_open()
         b = self._batcher
         with self._lock:
             tier = self._tier
@@ -835,6 +869,8 @@ class Cache(MutableMapping):
 
     def histograms(self) -> dict[str, HistogramSnapshot]:
         """``{"flush_seconds": ..., "flush_pages": ...}`` histogram snapshots."""
+        if self._state is _FORKED:
+            self._check_open()
         return {"flush_seconds": self._batcher.flush_seconds.snapshot(),
                 "flush_pages": self._batcher.flush_pages.snapshot()}
 

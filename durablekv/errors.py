@@ -69,11 +69,15 @@ class CacheLockedError(DurableKVError):
 class CacheClosedError(DurableKVError, ValueError):
     """An operation was attempted on a cache that has been closed."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, forked: bool = False) -> None:
         self.path = path
-        super().__init__(
-            f"cache {path!r} is closed; open a new Cache({path!r}) to use it again"
-        )
+        if forked:
+            msg = (f"cache {path!r} was opened by the parent process and cannot be used "
+                   "after fork(); the parent still owns it. Open a new Cache in the child "
+                   "(on another directory, or on this one after the parent has closed it)")
+        else:
+            msg = f"cache {path!r} is closed; open a new Cache({path!r}) to use it again"
+        super().__init__(msg)
 
 
 class CacheFailedError(DurableKVError, RuntimeError):

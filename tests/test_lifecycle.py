@@ -91,3 +91,54 @@ def test_killed_owner_does_not_keep_the_lock(tmp_path):
             owner.kill()
     with Cache(d) as cache:  # the flock died with its owner
         assert cache["x"] == 1
+
+
+FORK_SCRIPT = r"""
+import os, sys, threading
+from durablekv import Cache, CacheClosedError
+from durablekv.check import check_directory
+
+parent_dir, other_dir = sys.argv[1], sys.argv[2]
+cache = Cache(parent_dir, page_size=2, max_pages=2, flush_interval=0.001)
+stop = threading.Event()
+
+def writer():  # keeps the cache lock busy while we fork
+    i = 0
+    while not stop.is_set():
+        cache[f"t{i % 50}"] = i
+        i += 1
+
+t = threading.Thread(target=writer)
+t.start()
+for n in range(20):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            cache.get("t1")
+        except CacheClosedError as exc:
+            assert "fork" in str(exc), exc
+        else:
+            os._exit(3)
+        cache.close()  # a no-op in the child: nothing of the parent's is touched
+        with Cache(other_dir + str(n)) as mine:  # the child may open its own cache
+            mine["x"] = n
+        sys.exit(0)  # normal exit: atexit runs in the child too
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+stop.set()
+t.join()
+cache["after"] = "forks"
+cache.close()
+with Cache(parent_dir) as again:
+    assert again["after"] == "forks" and len(again) == 51
+assert check_directory(parent_dir).ok
+print("ok")
+"""
+
+
+def test_fork_never_hangs_the_child_nor_damages_the_parent(tmp_path):
+    proc = run(FORK_SCRIPT, str(tmp_path / "parent"), str(tmp_path / "child"))
+    assert proc.stdout.strip() == "ok"
+    for n in range(20):
+        with Cache(tmp_path / f"child{n}") as c:
+            assert c["x"] == n
