@@ -23,6 +23,7 @@ import functools
 import logging
 import math
 import os
+import struct
 import threading
 import time
 import warnings
@@ -34,6 +35,7 @@ from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
+from . import pages as _pages
 from .pages import EMPTY, PAGE_BYTES_LIMIT, PENDING, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from .stats import CacheStats, HistogramSnapshot
@@ -45,6 +47,7 @@ log = logging.getLogger("durablekv")
 
 _MISSING: Any = object()
 _REAL_MONOTONIC = (time.monotonic,)
+_U32_PACK = struct.Struct("<I").pack
 _OPEN, _CLOSING, _CLOSED, _FAILED, _FORKED = "open", "closing", "closed", "failed", "forked"
 DURABILITY_MODES = ("fsync", "log", "none")
 #: Longest encoded key (bytes); keys live in the page blobs and the index.
@@ -266,6 +269,7 @@ class Cache(MutableMapping):
         self._last_lsn = store.checkpoint_lsn
         self._clear_pending = False
         self._clear_lsn = 0
+        self._absent: Any = _MISSING  # a key just found absent from the store
         self._failure: BaseException | None = None
         self._memory_hits = self._store_hits = self._misses = 0
         self._sets = self._deletes = self._expirations = 0
@@ -355,11 +359,20 @@ class Cache(MutableMapping):
         """Find a key whose page is not in memory: key index, then page fault."""
         if self._clear_pending:
             return None
+        absent = self._absent
+        if absent is not _MISSING and type(absent) is type(key) and absent == key:
+            # Looked up a moment ago and not found; nothing has inserted it
+            # since (an insert clears this), so it cannot have reached the
+            # store: a look-aside miss + fill costs one index lookup, not two.
+            return None
         ck = _codec.canonical_key(key)
         store = self._store
         pid = store.lookup(ck)
-        if pid is None or pid in self._tier.pages:
-            return None  # absent, or its page is in memory and no longer holds it
+        if pid is None:
+            self._absent = key
+            return None
+        if pid in self._tier.pages:
+            return None  # its page is in memory and no longer holds it
         self._fault_in(pid)
         return self._tier.table.get(key)
 
@@ -454,6 +467,7 @@ class Cache(MutableMapping):
                 self._ttl_count += (expire_at is not None) - (old is not None)
         else:
             tier.insert(key, held, expire_at, now, lsn, nbytes)
+            self._absent = _MISSING
             self._count += 1
             if expire_at is not None:
                 self._ttl_count += 1
@@ -564,51 +578,87 @@ class Cache(MutableMapping):
         fsynced (``fsync``), or only in memory (``none``); SQLite gets the
         page within about ``flush_interval`` seconds.
         """
-        expire = _check_expire(expire)
-        kb = _codec.encode_key(key)
+        if expire is not None:
+            expire = _check_expire(expire)
+        if type(key) is str:
+            kb = key.encode("utf-8", "surrogatepass")
+            kb = b"s" + _U32_PACK(len(kb)) + kb
+        else:
+            kb = _codec.encode_key(key)
         if len(kb) > MAX_KEY_BYTES:
             raise ValueError(f"key is {len(kb)} bytes encoded, over the {MAX_KEY_BYTES}-byte "
                              "limit on keys; use a shorter key (e.g. a hash of it)")
-        vb = self._codec.encode(value)
-        size = self._codec.value_bytes(value, vb)
+        codec = self._codec
+        tv = type(value)
+        if tv is bytes and codec.name == "safe":
+            vb = b"b" + _U32_PACK(len(value)) + value
+            size = len(value)
+            held = value
+        else:
+            vb = codec.encode(value)
+            size = codec.value_bytes(value, vb)
+            held = codec.memory_form(value, vb)
         if size > self.max_value_bytes:
             raise ValueError(
                 f"value for key {key!r} is {size} bytes, over max_value_bytes="
                 f"{self.max_value_bytes}; store it elsewhere or raise max_value_bytes")
-        held = self._codec.memory_form(value, vb)
+        nbytes = len(kb) + len(vb)
         with self._lock:
             if self._state is not _OPEN:
                 self._check_open()
-            if self._tier.pending >= self.max_pending_pages:
+            tier = self._tier
+            if tier.pending >= self.max_pending_pages:
                 self._backpressure()
-            if expire is not None:
+            if expire is None:
+                ref = tier.table.get(key)
+                if ref is not None:
+                    page, slot = ref
+                    if page.expires[slot] is None and page.state == RESIDENT and \
+                            page.nbytes + nbytes <= _pages.PAGE_BYTES_LIMIT:
+                        # The hot path: overwrite a live, resident entry. Same
+                        # steps as _append + MemoryTier.update, without the calls.
+                        lsn = self._last_lsn + 1
+                        if self._log is not None:
+                            self._log.append(lsn, OP_SET, kb, vb, None)
+                        self._last_lsn = lsn
+                        page.values[slot] = held
+                        page.nbytes += nbytes
+                        page.version += 1
+                        if page.dirty_lsn is None:
+                            page.dirty_lsn = lsn
+                        dirty = tier.dirty
+                        if page.page_id not in dirty:
+                            dirty[page.page_id] = page
+                            page.dirty_since = _REAL_MONOTONIC[0]()
+                            if len(dirty) >= self.flush_batch_pages:
+                                self._batcher.kick()
+                        tier.lru.move_to_end(page)
+                        self._sets += 1
+                        lsn_to_sync = lsn
+                        expire_at = None
+                    else:
+                        lsn_to_sync = None
+                else:
+                    lsn_to_sync = None
+                expire_at = None
+            else:
                 expire_at = self._now() + expire
+                lsn_to_sync = None
                 if expire == 0:
                     # Already expired: store nothing, drop what was there.
-                    ref = self._tier.table.get(key) or self._locate(key)
+                    ref = tier.table.get(key) or self._locate(key)
                     self._sets += 1
                     if ref is None:
                         return
-                    lsn = self._append(OP_DELETE, kb, b"", None)
-                    self._apply_delete(key, lsn)
-                    sync = self.durability == "fsync"
-                    if not sync:
-                        return
-                    lsn_to_sync = lsn
-                    expire_at = None
-                else:
-                    lsn_to_sync = None
-            else:
-                expire_at = None
-                lsn_to_sync = None
+                    lsn_to_sync = self._append(OP_DELETE, kb, b"", None)
+                    self._apply_delete(key, lsn_to_sync)
             if lsn_to_sync is None:
                 # An expired entry is gone: the key is stored anew (keeping the
                 # new key object, as a dict does for a fresh key), not updated.
                 ref = self._ref(key)
-                lsn = self._append(OP_SET, kb, vb, expire_at)
-                self._apply_set(key, held, expire_at, ref, lsn, len(kb) + len(vb))
+                lsn_to_sync = self._append(OP_SET, kb, vb, expire_at)
+                self._apply_set(key, held, expire_at, ref, lsn_to_sync, nbytes)
                 self._sets += 1
-                lsn_to_sync = lsn
         if self.durability == "fsync":
             self._sync(lsn_to_sync)
 

@@ -64,6 +64,8 @@ HEADER = struct.Struct("<IIQ")
 PAYLOAD = struct.Struct("<BdI")
 assert HEADER.size == 16 and PAYLOAD.size == 13
 _LEN_LSN = struct.Struct("<IQ")
+_HEADER_PACK, _PAYLOAD_PACK, _LEN_LSN_PACK = HEADER.pack, PAYLOAD.pack, _LEN_LSN.pack
+_crc32 = zlib.crc32
 OP_SET, OP_DELETE, OP_CLEAR = 1, 2, 3
 _NAN = float("nan")
 _MAX_RECORD = 1 << 31
@@ -336,17 +338,34 @@ class ReplayLog:
         """Write one record (LSN must be ``last_lsn + 1``); return its size in bytes.
 
         The record is in the OS when this returns; call :meth:`sync_to` for
-        fsync durability.
+        fsync durability. One ``write`` system call (this is the hot path of
+        every set: the record is built and written without helper calls).
 
         :raises LogWriteError: the write failed; nothing was appended.
         """
-        record = encode_record(lsn, op, key, value, expire_at)
+        payload = _PAYLOAD_PACK(op, _NAN if expire_at is None else expire_at, len(key)) + key + value
+        n = len(payload)
+        record = _HEADER_PACK(n, _crc32(payload, _crc32(_LEN_LSN_PACK(n, lsn))), lsn) + payload
         if self._size >= self.segment_bytes:
             self._roll(lsn)
-        self._write_all(self._fd, record, self._path)
+        try:
+            written = self._write(self._fd, record)
+        except OSError as exc:
+            raise LogWriteError(self._path, exc) from exc
+        if written != len(record):
+            self._cut_short_write(written, len(record))
         self._size += len(record)
         self._last_lsn = lsn
         return len(record)
+
+    def _cut_short_write(self, written: int, size: int) -> None:
+        # A short write leaves a torn record: cut it off again so that the
+        # next append does not land behind garbage.
+        try:
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+        except OSError:
+            pass
+        raise LogWriteError(self._path, OSError(28, f"short write ({written} of {size} bytes)"))
 
     def _roll(self, next_lsn: int) -> None:
         with self._lock:
