@@ -34,9 +34,9 @@ from typing import Any, Callable, Iterator
 from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
-                     CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
+                     CorruptStoreError, LogWriteError, WriteBehindError)
 from . import pages as _pages
-from .pages import EMPTY, PAGE_BYTES_LIMIT, PENDING, RESIDENT, MemoryTier, Page
+from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from .stats import CacheStats, HistogramSnapshot
 from .store import STORE_FILE, PageImage, SQLitePageStore, decode_page, encode_page

@@ -38,7 +38,6 @@ pickle can run arbitrary code.
 
 from __future__ import annotations
 
-import math
 import pickle
 import struct
 from typing import Any, Callable

@@ -51,7 +51,6 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
 
 from .errors import LogCorruptionError, LogError, LogWriteError
 

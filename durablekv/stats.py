@@ -8,7 +8,7 @@ it bumps integers in :class:`Counters` under its own lock, and the exporter
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["CacheStats", "Histogram", "HistogramSnapshot",
            "FLUSH_SECONDS_BUCKETS", "FLUSH_PAGES_BUCKETS"]

@@ -30,7 +30,6 @@ place, :func:`_translate`.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sqlite3
 import struct

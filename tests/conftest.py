@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,3 +23,32 @@ def trace_path(name: str) -> Path:
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"
+
+
+class Clock:
+    """A settable clock for ``Cache(clock=...)`` (epoch seconds)."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = float(now)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_with_timeout(fn, seconds: float = 10.0):
+    """Run ``fn`` in a thread; fail (not hang) when it takes longer than ``seconds``."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{fn} did not return within {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

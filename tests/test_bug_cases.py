@@ -24,16 +24,9 @@ import pytest
 from durablekv import Cache
 from durablekv import codec
 from durablekv.store import decode_page
+from .conftest import Clock, run_with_timeout
 
 MiB = 1 << 20
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = float(now)
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class RealClockUntilFrozen:
@@ -49,25 +42,6 @@ class RealClockUntilFrozen:
 def open_cache(path, **kw) -> Cache:
     kw.setdefault("flush_interval", 30.0)
     return Cache(path, **kw)
-
-
-def run_with_timeout(fn, seconds: float = 10.0):
-    """Run ``fn`` in a thread; fail (not hang) when it takes longer than ``seconds``."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001
-            box["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn} did not return within {seconds} s"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 @contextlib.contextmanager

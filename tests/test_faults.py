@@ -400,7 +400,7 @@ def test_br018_disk_full_for_real(small_fs):
     for k in list(acked)[:5] + list(acked)[-5:]:
         assert cache[k] == acked[k]
     filler.unlink()  # space comes back
-    cache[f"after"] = "ok"
+    cache["after"] = "ok"
     acked["after"] = "ok"
     cache.flush(timeout=30)
     cache.close()

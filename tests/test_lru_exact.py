@@ -59,7 +59,6 @@ def test_lru_model_agrees_with_flush_timing(tmp_path):
                flush_batch_pages=1_000_000, max_pending_pages=1_000_000) as cache:
         assert replay_memory_hits(cache, keys) == expected
     with Cache(tmp_path / "b", page_size=1, max_pages=300, flush_batch_pages=1) as cache:
-        got = 0
         for i, k in enumerate(keys):
             if cache.get(k) is None:
                 cache.set(k, b"v")

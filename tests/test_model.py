@@ -16,20 +16,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from durablekv import Cache
+from .conftest import Clock
 
 KEYS = st.one_of(st.integers(-3, 12), st.sampled_from(["a", "b", "1", b"a", (1, "x"), 2.5,
                                                        True, None, (1.0, "x")]))
 VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=5), st.binary(max_size=5),
                    st.lists(st.integers(), max_size=3), st.tuples(st.integers(), st.text(max_size=2)),
                    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CacheVsDict(RuleBasedStateMachine):

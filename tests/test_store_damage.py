@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from durablekv import Cache, ConfigError, CorruptStoreError, SchemaVersionError
-from durablekv.check import check_directory
 from durablekv.cli import main
 
 STORE = "pages.sqlite3"

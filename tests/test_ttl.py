@@ -25,16 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from durablekv import Cache
-
-
-class Clock:
-    """A settable clock for ``clock=``."""
-
-    def __init__(self, now: float) -> None:
-        self.now = float(now)
-
-    def __call__(self) -> float:
-        return self.now
+from .conftest import Clock, run_with_timeout
 
 
 def open_cache(path, **kw) -> Cache:
@@ -51,29 +42,6 @@ def opened(path, **kw):
         yield c
     finally:
         run_with_timeout(c.close, 10.0)
-
-
-def run_with_timeout(fn, seconds: float = 5.0):
-    """Run ``fn`` in a thread; fail (not hang) when it takes longer than ``seconds``."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001
-            box["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t0 = time.perf_counter()
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn} did not return within {seconds} s of real time"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value"), time.perf_counter() - t0
-
-
-# -- BR-001 with an injected clock ----------------------------------------------------
 
 
 def test_br001_boundary_with_injected_clock(tmp_path):
@@ -379,12 +347,11 @@ def test_br003_flush_and_close_do_not_hang_under_frozen_time(tmp_path):
     with freeze_time("2024-01-01"):
         c = open_cache(tmp_path / "c", flush_interval=0.2)
         c.set("a", 1)
-        _, dt = run_with_timeout(c.flush, 5.0)
+        run_with_timeout(c.flush, 5.0)  # fails the test if it takes 5 s of real time
         assert c.stats().checkpoint_lsn == 1
         c.set("b", 2)
         run_with_timeout(lambda: c.flush(timeout=2.0), 5.0)
-        _, dt2 = run_with_timeout(c.close, 5.0)
-        assert dt < 5 and dt2 < 5
+        run_with_timeout(c.close, 5.0)
     with opened(tmp_path / "c") as c:
         assert dict(c.items()) == {"a": 1, "b": 2}
 
