@@ -18,6 +18,8 @@ The batcher knows its collaborators only by these protocols:
   any lock; the checkpoint stays below the changes of ``uncommitted`` pages),
   ``source.flush_done(snapshot, indices=None)`` and
   ``source.flush_failed(snapshot, indices=None)``.
+* ``source.background_work()``: run in this thread before each cycle, for
+  work that must not race with commits (the key filter's store scan).
 * ``store.write_batch(images, checkpoint_lsn, key_count, ttl_key_count, clear)``
   and ``store.checkpoint_lsn``.
 * ``log.sync()`` and ``log.truncate_through(lsn)`` (``log`` may be None).
@@ -185,6 +187,7 @@ class WriteBehindBatcher:
             if stopping:
                 return
             try:
+                self._source.background_work()
                 self._cycle()
             except BaseException as exc:  # noqa: BLE001 - reported to flush() callers
                 with self._cond:

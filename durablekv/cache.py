@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 
 from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
+from .keyfilter import KeyFilter
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, LogWriteError, WriteBehindError)
 from . import pages as _pages
@@ -96,7 +97,7 @@ class _Snapshot:
     stop short of the first change still uncommitted.
     """
 
-    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "sizes")
+    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "built")
 
     def __init__(self, cache: "Cache", items: list, checkpoint_lsn: int, clear: bool,
                  clear_lsn: int) -> None:
@@ -105,7 +106,7 @@ class _Snapshot:
         self.checkpoint_lsn = checkpoint_lsn
         self.clear = clear
         self.clear_lsn = clear_lsn
-        self.sizes: dict[int, int] = {}
+        self.built: dict[int, tuple[int, int, int]] = {}  # i -> (n, ttl_n, blob bytes)
 
     @property
     def size(self) -> int:
@@ -144,7 +145,7 @@ class _Snapshot:
             count += n - stored_n
             ttl += ttl_n - stored_ttl
             data = encode_page(entries)
-            self.sizes[i] = len(data)
+            self.built[i] = (n, ttl_n, len(data))
             images.append(PageImage(page.page_id, n, ttl_n, data, rows))
         checkpoint = self.checkpoint_lsn
         for j in uncommitted:
@@ -270,6 +271,15 @@ class Cache(MutableMapping):
         self._clear_pending = False
         self._clear_lsn = 0
         self._absent: Any = _MISSING  # a key just found absent from the store
+        self._absent_ck = b""          # ... and its canonical bytes
+        # Bloom filter of the store's keys (see keyfilter.py): ready at once for
+        # an empty store, else after the batcher's background scan.
+        self._filter = KeyFilter(2 * store.key_count)
+        self._filter_building: KeyFilter | None = None
+        if store.key_count == 0 and store.max_page_id == 0:
+            self._filter.ready = True
+        else:
+            self._start_filter_build(self._filter)
         self._failure: BaseException | None = None
         self._memory_hits = self._store_hits = self._misses = 0
         self._sets = self._deletes = self._expirations = 0
@@ -366,10 +376,13 @@ class Cache(MutableMapping):
             # store: a look-aside miss + fill costs one index lookup, not two.
             return None
         ck = _codec.canonical_key(key)
+        if self._filter.ready and ck not in self._filter:
+            self._absent, self._absent_ck = key, ck
+            return None
         store = self._store
         pid = store.lookup(ck)
         if pid is None:
-            self._absent = key
+            self._absent, self._absent_ck = key, ck
             return None
         if pid in self._tier.pages:
             return None  # its page is in memory and no longer holds it
@@ -467,6 +480,7 @@ class Cache(MutableMapping):
                 self._ttl_count += (expire_at is not None) - (old is not None)
         else:
             tier.insert(key, held, expire_at, now, lsn, nbytes)
+            self._filter_add(key, self._absent_ck if self._absent is key else None)
             self._absent = _MISSING
             self._count += 1
             if expire_at is not None:
@@ -483,8 +497,45 @@ class Cache(MutableMapping):
         if self._tier.pending * 2 >= self.max_pending_pages:
             self._batcher.kick()
 
+    def _filter_add(self, key: Any, ck: bytes | None = None) -> None:
+        """A key entered the memory tier: it may reach the store (lock held)."""
+        if ck is None:
+            ck = _codec.canonical_key(key)
+        self._filter.add(ck)
+        if self._filter_building is not None:
+            self._filter_building.add(ck)
+        elif self._filter.overfull:
+            self._start_filter_build(KeyFilter(4 * max(self._filter.added, self._count)))
+
+    def _start_filter_build(self, target: KeyFilter) -> None:
+        """Start building ``target`` (lock held, or at open): every key in memory
+        now goes in at once, later inserts through :meth:`_filter_add`, and the
+        store's keys through the batcher's scan (:meth:`background_work`)."""
+        self._filter_building = target
+        for key in self._tier.table:
+            target.add(_codec.canonical_key(key))
+
+    def background_work(self) -> None:
+        """Batcher thread, between cycles: scan the store's keys into the filter
+        being built. No commit can happen meanwhile (this thread makes them)."""
+        with self._lock:
+            target = self._filter_building
+        if target is None:
+            return
+        scanned = KeyFilter(target.capacity)
+        scanned.add_all(self._store.iter_keys())
+        with self._lock:
+            if self._filter_building is target:
+                target.merge(scanned)
+                target.ready = True
+                self._filter = target
+                self._filter_building = None
+
     def _apply_clear(self, lsn: int) -> None:
         self._tier.clear()
+        self._filter = KeyFilter(self._filter.capacity)
+        self._filter.ready = True  # the store is about to be emptied
+        self._filter_building = None
         self._count = 0
         self._ttl_count = 0
         self._clear_pending = True
@@ -1006,10 +1057,9 @@ class Cache(MutableMapping):
         with self._lock:
             tier = self._tier
             for i in (range(len(snap.items)) if indices is None else indices):
-                p, version, kv, _, keys, _, expires, _, _, _ = snap.items[i]
-                n = sum(1 for k in keys if k is not EMPTY)
-                ttl_n = sum(1 for k, e in zip(keys, expires) if k is not EMPTY and e is not None)
-                tier.flushed(p, version, kv, n, ttl_n, snap.sizes.get(i, p.nbytes))
+                p, version, kv = snap.items[i][:3]
+                n, ttl_n, nbytes = snap.built[i]
+                tier.flushed(p, version, kv, n, ttl_n, nbytes)
             if snap.clear:
                 snap.clear = False  # committed with these pages
                 if self._clear_lsn == snap.clear_lsn:

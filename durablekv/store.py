@@ -265,6 +265,15 @@ class SQLitePageStore:
             rows = self._r.execute("SELECT key, orig, page_id, expire_at FROM keys").fetchall()
         return iter(rows)
 
+    def iter_keys(self, batch: int = 10_000) -> Iterator[bytes]:
+        """Every committed canonical key, read on the WRITE connection (the
+        batcher thread: no commit can happen while it reads)."""
+        with _translate(self.path, "key scan"):
+            cur = self._w.execute("SELECT key FROM keys")
+            while rows := cur.fetchmany(batch):
+                for (key,) in rows:
+                    yield key
+
     def pages_with_expired(self, now: float) -> list[int]:
         """Ids of committed pages holding an entry with ``expire_at <= now``."""
         with _translate(self.path, "expiry scan"):
