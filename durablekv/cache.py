@@ -296,8 +296,9 @@ class Cache(MutableMapping):
         self.torn_records = result.torn_records
         self._state = _OPEN
         self._batcher.start()
-        for rec in result.records:
-            self._replay(rec)
+        records = result.records
+        for i in range(0, len(records), 512):
+            self._replay(records[i:i + 512])
         if result.records:
             self._batcher.flush_until(self._last_lsn)
         self._log.truncate_through(store.checkpoint_lsn)
@@ -313,22 +314,29 @@ class Cache(MutableMapping):
                      self.recovery_seconds, self.path)
         _open_caches[id(self)] = self
 
-    def _replay(self, rec) -> None:
+    def _replay(self, records) -> None:
+        """Apply logged records again, in LSN order, through the live code path
+        (one lock hold per batch; back-pressure between records)."""
+        decode_key = _codec.decode_key
+        from_blob = self._codec.memory_form_from_blob
+        table = self._tier.table
         with self._lock:
-            self._backpressure()
-            if rec.op == OP_CLEAR:
-                self._apply_clear(rec.lsn)
+            for rec in records:
+                if self._tier.pending >= self.max_pending_pages:
+                    self._backpressure()
+                if rec.op == OP_CLEAR:
+                    self._apply_clear(rec.lsn)
+                    table = self._tier.table
+                    self._last_lsn = rec.lsn
+                    continue
+                key = decode_key(rec.key)
+                ref = table.get(key) or self._locate(key)
+                if rec.op == OP_SET:
+                    self._apply_set(key, from_blob(rec.value), rec.expire_at, ref, rec.lsn,
+                                    len(rec.key) + len(rec.value))
+                elif ref is not None:
+                    self._apply_delete(key, rec.lsn)
                 self._last_lsn = rec.lsn
-                return
-            key = _codec.decode_key(rec.key)
-            ref = self._tier.table.get(key) or self._locate(key)
-            if rec.op == OP_SET:
-                held = self._codec.memory_form_from_blob(rec.value)
-                self._apply_set(key, held, rec.expire_at, ref, rec.lsn,
-                                len(rec.key) + len(rec.value))
-            elif ref is not None:
-                self._apply_delete(key, rec.lsn)
-            self._last_lsn = rec.lsn
 
     # -- helpers -----------------------------------------------------------------------
 

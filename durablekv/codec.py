@@ -201,6 +201,8 @@ def encode_key(key: Any) -> bytes:
 
 def decode_key(data: bytes) -> Any:
     """Inverse of :func:`encode_key` (and of :func:`canonical_key`)."""
+    if data[:1] == b"s" and len(data) >= 5 and _U32.unpack_from(data, 1)[0] == len(data) - 5:
+        return data[5:].decode("utf-8", "surrogatepass")
     return _decode_all(data)
 
 
@@ -317,6 +319,8 @@ class SafeCodec(ValueCodec):
         tag = blob[0]
         if tag == 0x6C or tag == 0x6D:  # list, dict: keep encoded
             return Frozen(blob)
+        if tag == 0x62 and len(blob) >= 5 and _U32.unpack_from(blob, 1)[0] == len(blob) - 5:
+            return blob[5:]  # bytes, the common case
         return self.memory_form(_decode_all(blob), blob)
 
 

@@ -111,36 +111,53 @@ def read_segment(path: str) -> tuple[list[LogRecord], int, _Damage | None, int]:
     """
     with open(path, "rb") as f:
         data = f.read()
+    records, good_end, damage = _parse_segment(data)
+    return records, good_end, damage, len(data)
+
+
+def _parse_segment(data: bytes, pos: int | None = None
+                   ) -> tuple[list[LogRecord], int, _Damage | None]:
+    """Parse records from ``pos`` (default: after the magic) to the first damage."""
     size = len(data)
-    if size < len(MAGIC):
-        if data == MAGIC[:size]:
-            return [], 0, (_Damage(0, "segment header cut short") if size else None), size
-        return [], 0, _Damage(0, "not a durablekv log segment (bad magic)"), size
-    if data[:len(MAGIC)] != MAGIC:
-        return [], 0, _Damage(0, "not a durablekv log segment (bad magic)"), size
-    pos = len(MAGIC)
+    if pos is None:
+        if size < len(MAGIC):
+            if data == MAGIC[:size]:
+                return [], 0, (_Damage(0, "segment header cut short") if size else None)
+            return [], 0, _Damage(0, "not a durablekv log segment (bad magic)")
+        if data[:len(MAGIC)] != MAGIC:
+            return [], 0, _Damage(0, "not a durablekv log segment (bad magic)")
+        pos = len(MAGIC)
     records: list[LogRecord] = []
     hsize, psize = HEADER.size, PAYLOAD.size
     while pos < size:
         if pos + hsize > size:
-            return records, pos, _Damage(pos, "record header cut short"), size
+            return records, pos, _Damage(pos, "record header cut short")
         n, crc, lsn = HEADER.unpack_from(data, pos)
         if n < psize or n > _MAX_RECORD:
-            return records, pos, _Damage(pos, f"impossible record length {n}"), size
+            return records, pos, _Damage(pos, f"impossible record length {n}")
         end = pos + hsize + n
         if end > size:
-            return records, pos, _Damage(pos, f"record of {n} bytes cut short at end of file"), size
+            return records, pos, _Damage(pos, f"record of {n} bytes cut short at end of file")
         payload = data[pos + hsize:end]
         if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) != crc:
-            return records, pos, _Damage(pos, f"CRC mismatch in record LSN {lsn}"), size
+            return records, pos, _Damage(pos, f"CRC mismatch in record LSN {lsn}")
         op, exp, klen = PAYLOAD.unpack_from(payload, 0)
         if op not in (OP_SET, OP_DELETE, OP_CLEAR) or psize + klen > n:
-            return records, pos, _Damage(pos, f"malformed record LSN {lsn}"), size
+            return records, pos, _Damage(pos, f"malformed record LSN {lsn}")
         key = payload[psize:psize + klen]
         value = payload[psize + klen:]
         records.append(LogRecord(lsn, op, key, value, None if exp != exp else exp))
         pos = end
-    return records, pos, None, size
+    return records, pos, None
+
+
+def _first_lsn_of(path: str) -> int:
+    """The first LSN a segment was opened for, from its name."""
+    name = os.path.basename(path)
+    try:
+        return int(name[len("replay-"):-len(".log")])
+    except ValueError:
+        return 0
 
 
 def is_torn_tail(path: str, damage: "_Damage", size: int) -> bool:
@@ -239,12 +256,39 @@ class ReplayLog:
         out: list[LogRecord] = []
         torn = torn_bytes = 0
         salvaged: list[str] = []
+        self.skipped_damage = 0
         expect = None
         for i, path in enumerate(segments):
-            records, good_end, damage, size = read_segment(path)
             last = i == len(segments) - 1
-            if damage is not None:
-                if last and is_torn_tail(path, damage, size):
+            with open(path, "rb") as f:
+                data = f.read()
+            size = len(data)
+            records: list[LogRecord] = []
+            pos: int | None = None
+            while True:
+                recs, good_end, damage = _parse_segment(data, pos)
+                records += recs
+                if damage is None:
+                    break
+                # Damage that holds only records the store already has (every
+                # record behind it is at or below the checkpoint) loses
+                # nothing: step over it to the next intact record.
+                nxt = _next_intact_record(data, damage.offset + 1)
+                if nxt is not None and HEADER.unpack_from(data, nxt)[2] <= after_lsn + 1:
+                    pos = nxt
+                    self.skipped_damage += 1
+                    log.warning("replay log %s: skipped damaged bytes at offset %d (%s); the "
+                                "records there are already in the store", path, damage.offset,
+                                damage.detail)
+                    continue
+                if nxt is None and not last and _first_lsn_of(segments[i + 1]) <= after_lsn + 1:
+                    self.skipped_damage += 1
+                    log.warning("replay log %s: skipped a damaged end at offset %d (%s); the "
+                                "records there are already in the store", path, damage.offset,
+                                damage.detail)
+                    break
+                if last and nxt is None:
+                    # a torn tail (see is_torn_tail): a crash cut the last append short
                     torn += 1
                     torn_bytes += size - good_end
                     log.warning("replay log %s: cut a torn tail of %d bytes at offset %d (%s)",
@@ -256,22 +300,24 @@ class ReplayLog:
                             f.truncate(good_end)
                             f.flush()
                             os.fsync(f.fileno())
-                elif salvage:
-                    aside = path + ".damaged"
-                    os.replace(path, aside)
-                    salvaged.append(aside)
-                    log.error("replay log %s damaged at offset %d (%s); kept %d good records, "
-                              "moved the file to %s", path, damage.offset, damage.detail,
-                              len(records), aside)
-                    # later segments cannot be trusted to follow on: set them aside too
-                    for later in segments[i + 1:]:
-                        os.replace(later, later + ".damaged")
-                        salvaged.append(later + ".damaged")
-                    segments = segments[:i + 1]
-                else:
+                    size = good_end
+                    break
+                if not salvage:
                     raise LogCorruptionError(path, damage.offset, damage.detail)
+                aside = path + ".damaged"
+                os.replace(path, aside)
+                salvaged.append(aside)
+                # later segments cannot be applied without the records lost here
+                for later in segments[i + 1:]:
+                    os.replace(later, later + ".damaged")
+                    salvaged.append(later + ".damaged")
+                log.error("replay log damaged at %s offset %d (%s): kept %d records before "
+                          "it, moved %s aside", path, damage.offset, damage.detail,
+                          len(records), ", ".join(salvaged))
+                break
             for r in records:
-                if expect is not None and r.lsn != expect:
+                if expect is not None and r.lsn != expect and not (
+                        r.lsn > expect and r.lsn <= after_lsn + 1):
                     if salvage:
                         break
                     raise LogCorruptionError(path, 0, f"LSN {r.lsn} follows {expect - 1}: "
@@ -281,7 +327,7 @@ class ReplayLog:
                     out.append(r)
             if os.path.exists(path):
                 self._sealed.append((path, records[-1].lsn if records else 0))
-                self._sealed_bytes += good_end if damage is not None else size
+                self._sealed_bytes += size
             if salvaged:
                 break
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)

@@ -122,13 +122,85 @@ def test_salvage_keeps_the_good_prefix_and_moves_the_file_aside(tmp_path):
     assert contents(tmp_path / "c") == {"a": "A" * 10, "e": "E"}
 
 
-def test_segment_without_magic_is_corruption_unless_last_and_empty(tmp_path):
+def test_damaged_magic_loses_no_record(tmp_path):
+    """Only the segment header is damaged: every record behind it is intact."""
     seg, _ = write_abc(tmp_path / "c")
     data = bytearray(Path(seg).read_bytes())
     data[0:8] = b"NOTALOG!"
     Path(seg).write_bytes(bytes(data))
+    assert contents(tmp_path / "c") == {"a": "A" * 10, "b": "B" * 10, "c": "C" * 10}
+
+
+def write_checkpointed_then_more(d: Path, segment_bytes: int = 1 << 30) -> tuple[list[str], int]:
+    """300 sets flushed (checkpointed), then 20 more that only the log has."""
+    cache = Cache(d, segment_bytes=segment_bytes, **NEVER)
+    for i in range(300):
+        cache[f"k{i}"] = i
+    cache.flush()
+    checkpoint = cache._store.checkpoint_lsn
+    for i in range(300, 320):
+        cache[f"k{i}"] = i
+    crash(cache)
+    return list_segments(str(d)), checkpoint
+
+
+def record_offsets(seg: str) -> list[tuple[int, int]]:
+    data = Path(seg).read_bytes()
+    out, pos = [], len(MAGIC)
+    while pos < len(data):
+        n, _, lsn = HEADER.unpack_from(data, pos)
+        out.append((pos, lsn))
+        pos += HEADER.size + n
+    return out
+
+
+def test_damage_below_the_checkpoint_loses_nothing(tmp_path):
+    """A flipped byte in a record the store already has: recovery steps over it
+    and keeps every record after it (no salvage needed, nothing lost)."""
+    d = tmp_path / "c"
+    segs, checkpoint = write_checkpointed_then_more(d)
+    for seg in segs:  # the log may hold several segments, some already cut back
+        offsets = [o for o, lsn in record_offsets(seg) if lsn < checkpoint - 5]
+        if offsets:
+            data = bytearray(Path(seg).read_bytes())
+            data[offsets[len(offsets) // 2] + HEADER.size + 3] ^= 0xFF
+            Path(seg).write_bytes(bytes(data))
+    with Cache(d) as cache:
+        assert dict(cache.items()) == {f"k{i}": i for i in range(320)}
+
+
+def test_damaged_end_of_an_older_segment_below_the_checkpoint(tmp_path):
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=2048, **NEVER)
+    for i in range(200):
+        cache[f"k{i}"] = i
+    # the batcher is idle, so nothing is cut back yet: keep copies of the sealed
+    # segments that the checkpoint below deletes, and put them back cut short
+    sealed_before = list_segments(str(d))[:-1]
+    saved = {s: Path(s).read_bytes() for s in sealed_before}
+    assert len(saved) > 2
+    crash_lsn = cache._last_lsn
+    cache.flush()
+    for i in range(200, 220):
+        cache[f"k{i}"] = i
+    crash(cache)
+    for s, data in saved.items():
+        Path(s).write_bytes(data[: len(data) - 7])  # cut an old segment mid-record
+    assert crash_lsn == 200
+    with Cache(d) as cache:
+        assert dict(cache.items()) == {f"k{i}": i for i in range(220)}
+
+
+def test_damage_above_the_checkpoint_is_still_an_error(tmp_path):
+    d = tmp_path / "c"
+    segs, checkpoint = write_checkpointed_then_more(d)
+    last = segs[-1]
+    offsets = [o for o, lsn in record_offsets(last) if lsn > checkpoint + 2]
+    data = bytearray(Path(last).read_bytes())
+    data[offsets[0] + HEADER.size + 3] ^= 0xFF
+    Path(last).write_bytes(bytes(data))
     with pytest.raises(LogCorruptionError):
-        Cache(tmp_path / "c")
+        Cache(d)
 
 
 def test_log_is_cut_back_after_checkpoints_and_removed_at_close(tmp_path):
