@@ -40,7 +40,8 @@ from . import pages as _pages
 from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from .stats import CacheStats, HistogramSnapshot
-from .store import STORE_FILE, PageImage, SQLitePageStore, decode_page, encode_page
+from .store import (STORE_FILE, PageImage, SQLitePageStore, decode_page, encode_page,
+                    mark_damaged)
 
 __all__ = ["Cache"]
 
@@ -247,7 +248,8 @@ class Cache(MutableMapping):
         try:
             self._store = SQLitePageStore(self.path, durability=self.durability,
                                           page_size=page_size, serializer=self._codec.name,
-                                          busy_timeout=busy_timeout)
+                                          busy_timeout=busy_timeout,
+                                          verify=on_corruption == "rebuild")
         except CorruptStoreError as exc:
             if on_corruption != "rebuild":
                 raise
@@ -400,8 +402,9 @@ class Cache(MutableMapping):
     def _fault_in(self, pid: int) -> Page:
         row = self._store.read_page(pid)
         if row is None:
-            raise CorruptStoreError(self._store.path,
-                                    f"the key index points at page {pid}, which is missing")
+            detail = f"the key index points at page {pid}, which is missing"
+            mark_damaged(self._store.path, detail)
+            raise CorruptStoreError(self._store.path, detail)
         n, data = row
         decode_key = _codec.decode_key
         from_blob = self._codec.memory_form_from_blob
@@ -413,11 +416,14 @@ class Cache(MutableMapping):
                 if exp is not None:
                     ttl_n += 1
         except (ValueError, IndexError, TypeError) as exc:
-            raise CorruptStoreError(self._store.path, f"page {pid} cannot be decoded: {exc}") from exc
+            detail = f"page {pid} cannot be decoded: {exc}"
+            mark_damaged(self._store.path, detail)
+            raise CorruptStoreError(self._store.path, detail) from exc
         for _, key, _, _ in entries:
             if key in self._tier.table:
-                raise CorruptStoreError(self._store.path,
-                                        f"page {pid} holds key {key!r}, which lives in another page")
+                detail = f"page {pid} holds key {key!r}, which lives in another page"
+                mark_damaged(self._store.path, detail)
+                raise CorruptStoreError(self._store.path, detail)
         return self._tier.install(pid, entries, len(entries), ttl_n, len(data))
 
     def _ref(self, key: Any, now_fn=None) -> tuple[Page, int] | None:
@@ -1195,7 +1201,7 @@ def _move_aside(path: str) -> str:
         n += 1
         aside = f"{path}.corrupt-{stamp}-{n}"
     os.replace(path, aside)
-    for suffix in ("-wal", "-shm"):
+    for suffix in ("-wal", "-shm", ".damaged"):
         if os.path.exists(path + suffix):
             os.replace(path + suffix, aside + suffix)
     return aside

@@ -115,7 +115,7 @@ class CorruptStoreError(StoreError):
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(
             f"page store {path!r} is damaged or not a durablekv store ({detail}); "
-            "open with on_corruption='rebuild' to move it aside and start empty "
+            "close the cache and open it with on_corruption='rebuild' to move the file aside and start empty "
             "(the replay log is still applied), or restore it from a backup",
             path,
         )

@@ -30,6 +30,7 @@ place, :func:`_translate`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import struct
@@ -39,10 +40,15 @@ from typing import Any, Iterator, Sequence
 
 from .errors import ConfigError, CorruptStoreError, SchemaVersionError, StoreError
 
+log = logging.getLogger("durablekv.store")
+
 __all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "migration_files",
            "STORE_FILE"]
 
 STORE_FILE = "pages.sqlite3"
+#: Left beside the store when damage is found while the cache runs, so the
+#: next open refuses the store (or rebuilds it) instead of trusting it.
+DAMAGE_MARKER = STORE_FILE + ".damaged"
 _ENTRY = struct.Struct("<HdII")
 assert _ENTRY.size == 18
 _NAN = float("nan")
@@ -129,8 +135,18 @@ def _translate(path: str, what: str) -> Iterator[None]:
         if isinstance(exc, sqlite3.OperationalError) and not _looks_corrupt(msg):
             raise StoreError(f"{what} on page store {path!r} failed: {msg}", path) from exc
         if isinstance(exc, sqlite3.DatabaseError) and _looks_corrupt(msg):
+            mark_damaged(path, msg)
             raise CorruptStoreError(path, msg) from exc
         raise StoreError(f"{what} on page store {path!r} failed: {msg}", path) from exc
+
+
+def mark_damaged(path: str, detail: str) -> None:
+    """Record that the store at ``path`` was found damaged (best effort)."""
+    try:
+        with open(path + ".damaged", "a", encoding="utf-8") as f:
+            f.write(detail.replace("\n", " ") + "\n")
+    except OSError:
+        log.error("could not write the damage marker beside %s", path)
 
 
 def _looks_corrupt(msg: str) -> bool:
@@ -158,11 +174,16 @@ class SQLitePageStore:
 
     def __init__(self, directory: str | os.PathLike, *, durability: str = "log",
                  page_size: int | None = None, serializer: str = "safe",
-                 busy_timeout: float = 5.0) -> None:
+                 busy_timeout: float = 5.0, verify: bool = False) -> None:
         self.path = os.path.join(os.fspath(directory), STORE_FILE)
         self._w: sqlite3.Connection | None = None
         self._r: sqlite3.Connection | None = None
         existed = os.path.exists(self.path) and os.path.getsize(self.path) > 0
+        marker = self.path + ".damaged"
+        if existed and os.path.exists(marker):
+            with open(marker, encoding="utf-8", errors="replace") as f:
+                first = f.readline().strip()
+            raise CorruptStoreError(self.path, f"damage found while it was in use: {first}")
         if existed:
             _check_header(self.path)
         try:
@@ -172,6 +193,10 @@ class SQLitePageStore:
                 self._settings(page_size, serializer)
                 self._r = self._connect(durability, busy_timeout)
                 self._r.execute("PRAGMA query_only = ON")
+                if verify and existed:
+                    rows = [r[0] for r in self._w.execute("PRAGMA quick_check")]
+                    if rows != ["ok"]:
+                        raise CorruptStoreError(self.path, "quick_check: " + "; ".join(rows[:3]))
                 row = self._w.execute(
                     "SELECT (SELECT value FROM meta WHERE name='checkpoint_lsn'),"
                     " (SELECT value FROM meta WHERE name='key_count'),"

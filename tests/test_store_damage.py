@@ -127,3 +127,42 @@ def test_check_refuses_an_open_cache_and_reports_the_log(tmp_path, capsys):
     assert main(["check", str(d)]) == 0
     out = capsys.readouterr().out
     assert "applied again at the next open" in out
+
+
+def damage_the_middle(d: Path) -> None:
+    size = os.path.getsize(d / STORE)
+    with open(d / STORE, "r+b") as f:
+        f.seek(size // 2)
+        f.write(random.Random(2).randbytes(8192))
+
+
+def test_damage_in_the_middle_found_in_use_is_remembered(tmp_path):
+    """The O(1) checks at open cannot see it; the first read that meets it raises
+    CorruptStoreError, and the next open refuses the store (or rebuilds it)."""
+    d = tmp_path / "c"
+    make_store(d, 3000)
+    damage_the_middle(d)
+    errors = 0
+    with Cache(d, page_size=4, max_pages=4) as cache:
+        for i in range(3000):
+            try:
+                cache.get(f"k{i}")
+            except CorruptStoreError:
+                errors += 1
+    assert errors > 0
+    with pytest.raises(CorruptStoreError) as exc:
+        Cache(d)
+    assert "while it was in use" in str(exc.value)
+    with Cache(d, on_corruption="rebuild") as cache:
+        assert cache.store_rebuilds == 1 and len(cache) == 0
+        cache["fresh"] = 1
+    with Cache(d) as cache:
+        assert dict(cache.items()) == {"fresh": 1}
+
+
+def test_rebuild_mode_checks_the_whole_file_at_open(tmp_path):
+    d = tmp_path / "c"
+    make_store(d, 3000)
+    damage_the_middle(d)
+    with Cache(d, on_corruption="rebuild") as cache:  # quick_check finds it at once
+        assert cache.store_rebuilds == 1 and len(cache) == 0
