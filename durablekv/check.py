@@ -42,13 +42,22 @@ class CheckResult:
         self.ok = False
         self.lines.append(f"DAMAGE  {msg}")
 
+    def error(self, msg: str) -> None:
+        """Could not check (not damage)."""
+        self.ok = False
+        self.lines.append(f"ERROR   {msg}")
+
 
 def check_directory(directory: str) -> CheckResult:
     """Verify ``directory``; see the module docstring. Never raises for damage."""
     r = CheckResult()
     directory = os.path.abspath(directory)
     if not os.path.isdir(directory):
-        r.bad(f"{directory}: no such directory")
+        r.error(f"{directory}: no such directory")
+        return r
+    if not (os.path.exists(os.path.join(directory, STORE_FILE)) or list_segments(directory)
+            or os.path.exists(os.path.join(directory, "LOCK"))):
+        r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)")
         return r
     lock = os.path.join(directory, "LOCK")
     if os.path.exists(lock):
@@ -56,7 +65,7 @@ def check_directory(directory: str) -> CheckResult:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            r.bad(f"{directory} is open in another process; close it and check again")
+            r.error(f"{directory} is open in another process; close it and check again")
             return r
         finally:
             os.close(fd)

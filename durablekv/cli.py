@@ -1,4 +1,4 @@
-"""The ``durablekv`` command line.
+"""durablekv command line: replay cache traces, check cache directories.
 
 ``durablekv replay [TRACE]`` replays a cache access trace (or, with no TRACE,
 a generated Zipf workload) through a Cache as look-aside caching and reports
@@ -12,6 +12,7 @@ import argparse
 import array
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import time
 from typing import Any, Sequence
 
 from . import __version__
-from .errors import DurableKVError, TraceFormatError
+from .errors import ConfigError, DurableKVError, TraceFormatError
 from .traces import FORMATS, open_trace, zipf_workload
 
 __all__ = ["main", "replay"]
@@ -47,16 +48,25 @@ def _percentile_us(samples: "array.array[int]", q: float) -> float:
     return ordered[idx] / 1000.0
 
 
-def replay(trace: Any, directory: str, *, page_size: int = 16, max_pages: int = 4096,
+def replay(trace: Any, directory: str, *, page_size: int | None = None, max_pages: int = 4096,
            durability: str = "log", flush_interval: float = 0.05, value_size: int = 100,
            limit: int | None = None, metrics_port: int | None = None, hold: float = 0.0,
-           progress: bool | None = None, name: str | None = None) -> dict[str, Any]:
+           progress: bool | None = None, name: str | None = None,
+           on_corruption: str = "raise", salvage_log: bool = False,
+           on_report: Any = None) -> dict[str, Any]:
     """Replay ``trace`` (an iterable of :class:`~durablekv.traces.Request`) into a
     cache at ``directory``; return the report as a flat dict.
 
     Look-aside: a get that misses is followed by a set of a value of the
     request's size (``value_size`` bytes when the trace has no sizes); set
     ops set; delete ops delete. TTLs follow the trace's own timestamps.
+    ``page_size`` None adopts an existing cache's (16 for a new one).
+    ``on_report(report)`` is called as soon as the report is ready, before
+    the ``hold`` seconds of metrics serving.
+
+    :raises TraceFormatError: a malformed trace, or a value size over the
+        cache's ``max_value_bytes``.
+    :raises ConfigError: the metrics port cannot be served.
     """
     from tqdm import tqdm
 
@@ -72,11 +82,18 @@ def replay(trace: Any, directory: str, *, page_size: int = 16, max_pages: int = 
     if limit is not None:
         total = limit if total is None else min(total, limit)
     cache = Cache(directory, page_size=page_size, max_pages=max_pages, durability=durability,
-                  flush_interval=flush_interval, clock=clock, name=name)
+                  flush_interval=flush_interval, clock=clock, name=name,
+                  on_corruption=on_corruption, salvage_log=salvage_log)
+    max_value = cache.max_value_bytes
     try:
         if metrics_port is not None:
             from .metrics import serve
-            server = serve(cache, port=metrics_port)
+            try:
+                server = serve(cache, port=metrics_port)
+            except OSError as exc:
+                raise ConfigError(f"cannot serve metrics on 127.0.0.1:{metrics_port}: "
+                                  f"{exc.strerror or exc}; pick another --metrics-port "
+                                  "(0 picks a free one)") from None
             print(f"metrics: {server.url}", file=sys.stderr, flush=True)
         bar = tqdm(total=total, unit="req", unit_scale=True, disable=None if progress is None
                    else not progress, file=sys.stderr, mininterval=0.5, smoothing=0.1)
@@ -92,6 +109,10 @@ def replay(trace: Any, directory: str, *, page_size: int = 16, max_pages: int = 
                 clock.now = t
             if size <= 0:
                 size = value_size
+            elif size > max_value:
+                raise TraceFormatError(getattr(trace, "path", "?"), None,
+                                       f"request {requests}: value size {size} bytes is over "
+                                       f"the cache's max_value_bytes ({max_value})")
             if op == "get":
                 gets += 1
                 t0 = perf()
@@ -159,6 +180,8 @@ def replay(trace: Any, directory: str, *, page_size: int = 16, max_pages: int = 
             "set_latency_p50_us": _percentile_us(set_ns, 0.50),
             "set_latency_p99_us": _percentile_us(set_ns, 0.99),
         }
+        if on_report is not None:
+            on_report(report)
         if server is not None and hold > 0:
             print(f"replay done; serving metrics for {hold:g} s more", file=sys.stderr, flush=True)
             time.sleep(hold)
@@ -190,7 +213,7 @@ def _print_report(r: dict[str, Any], out=sys.stdout) -> None:
         f"flushes            {r['flushes']:,} ({r['flushed_pages']:,} pages written for "
         f"{r['cache_sets']:,} sets)",
         f"throughput         {r['requests_per_second']:,.0f} requests/s "
-        f"({r['elapsed_seconds']:.2f} s)",
+        f"({r['elapsed_seconds']:.2f} s, then {r['final_flush_seconds']:.2f} s final flush)",
         f"get latency        p50 {r['get_latency_p50_us']:.1f} us, p99 {r['get_latency_p99_us']:.1f} us",
         f"set latency        p50 {r['set_latency_p50_us']:.1f} us, p99 {r['set_latency_p99_us']:.1f} us",
     ]
@@ -212,6 +235,26 @@ def _int_at_least(minimum: int):
 
 _positive_int = _int_at_least(1)
 _nonneg_int = _int_at_least(0)
+
+
+def _port(text: str) -> int:
+    v = _nonneg_int(text)
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {v}")
+    return v
+
+
+def _float_between(lo: float, hi: float):
+    """An argparse type: a number in [lo, hi]."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected a number from {lo:g} to {hi:g}, got {v:g}")
+        return v
+    return parse
 
 
 def _positive_float(text: str) -> float:
@@ -240,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trace format (default: from the file name or CSV header)")
     p.add_argument("--dir", help="cache directory (default: a temporary directory, removed "
                    "afterwards); an existing cache there is reopened and replayed into")
-    p.add_argument("--page-size", type=_positive_int, default=16, help="slots per page (default 16)")
+    p.add_argument("--page-size", type=_positive_int, default=None,
+                   help="slots per page (default: an existing cache's, else 16)")
     p.add_argument("--max-pages", type=_positive_int, default=4096,
                    help="pages resident in memory (default 4096)")
     p.add_argument("--durability", choices=("fsync", "log", "none"), default="log")
@@ -253,15 +297,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Zipf workload: requests (default 1,000,000)")
     p.add_argument("--keys", type=_positive_int, default=100_000,
                    help="Zipf workload: distinct keys (default 100,000)")
-    p.add_argument("--alpha", type=float, default=0.99, help="Zipf workload: skew (default 0.99)")
-    p.add_argument("--set-fraction", type=float, default=0.1,
+    p.add_argument("--alpha", type=_float_between(0.0, 100.0), default=0.99,
+                   help="Zipf workload: skew (default 0.99)")
+    p.add_argument("--set-fraction", type=_float_between(0.0, 1.0), default=0.1,
                    help="Zipf workload: share of set requests (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="Zipf workload: random seed (default 0)")
-    p.add_argument("--metrics-port", type=_nonneg_int,
+    p.add_argument("--metrics-port", type=_port,
                    help="serve Prometheus /metrics on 127.0.0.1:PORT during the replay (0: any free port)")
     p.add_argument("--hold", type=float, default=0.0,
                    help="with --metrics-port: keep serving this many seconds after the replay")
     p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
+    p.add_argument("--on-corruption", choices=("raise", "rebuild"), default="raise",
+                   help="a damaged page store: stop (default), or move it aside and start empty")
+    p.add_argument("--salvage-log", action="store_true",
+                   help="a replay log damaged before its tail: keep the good prefix, move the "
+                   "damaged file aside (loses the records after the damage)")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="always show a progress bar (default: only on a terminal)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -277,6 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    if args.hold and args.metrics_port is None:
+        raise ConfigError("--hold keeps the metrics endpoint up after the replay; "
+                          "it needs --metrics-port")
+    if args.json:
+        parent = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise ConfigError(f"cannot write the JSON report to {args.json!r}: "
+                              f"{parent!r} is not a writable directory")
     if args.trace is None:
         trace: Any = zipf_workload(requests=args.requests, keys=args.keys, alpha=args.alpha,
                                    seed=args.seed, set_fraction=args.set_fraction,
@@ -287,20 +345,24 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     directory = args.dir
     if directory is None:
         tmp = directory = tempfile.mkdtemp(prefix="durablekv-replay-")
+    def report_ready(report: dict[str, Any]) -> None:
+        _print_report(report)
+        sys.stdout.flush()
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=2)
+                f.write("\n")
+
     try:
-        report = replay(trace, directory, page_size=args.page_size, max_pages=args.max_pages,
-                        durability=args.durability, flush_interval=args.flush_interval,
-                        value_size=args.value_size, limit=args.limit,
-                        metrics_port=args.metrics_port, hold=args.hold, progress=args.progress,
-                        name="replay" if tmp else None)
+        replay(trace, directory, page_size=args.page_size, max_pages=args.max_pages,
+               durability=args.durability, flush_interval=args.flush_interval,
+               value_size=args.value_size, limit=args.limit,
+               metrics_port=args.metrics_port, hold=args.hold, progress=args.progress,
+               name="replay" if tmp else None, on_corruption=args.on_corruption,
+               salvage_log=args.salvage_log, on_report=report_ready)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    _print_report(report)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
     return 0
 
 
@@ -323,6 +385,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except FileNotFoundError as exc:
         print(f"durablekv: no such file: {exc.filename}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"durablekv: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"durablekv: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except DurableKVError as exc:
         print(f"durablekv: {exc}", file=sys.stderr)

@@ -133,3 +133,57 @@ def test_bad_options_are_rejected_by_the_parser(capsys):
         main(["replay", "--max-pages", "0"])
     assert exc.value.code == 2
     assert "max-pages" in capsys.readouterr().err
+
+
+def test_cli_errors_are_one_line_messages(tmp_path, capsys):
+    """No traceback for a directory as TRACE, a bad port, --hold alone, a bad --json path."""
+    (tmp_path / "adir").mkdir()
+    assert main(["replay", str(tmp_path / "adir"), "--no-progress"]) == 2
+    assert "Is a directory" in capsys.readouterr().err
+    assert main(["replay", "--requests", "10", "--hold", "3", "--no-progress"]) == 2
+    assert "needs --metrics-port" in capsys.readouterr().err
+    assert main(["replay", "--requests", "10", "--json", str(tmp_path / "no" / "r.json")]) == 2
+    assert "not a writable directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["replay", "--metrics-port", "99999"])
+    assert "0..65535" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["replay", "--set-fraction", "2"])
+    assert "set-fraction" in capsys.readouterr().err
+
+
+def test_port_in_use_is_a_clear_error(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["replay", "--requests", "10", "--metrics-port", str(port),
+                     "--no-progress"]) == 2
+    assert "Address already in use" in capsys.readouterr().err
+
+
+def test_replay_dir_adopts_the_stored_page_size(tmp_path):
+    d = str(tmp_path / "d")
+    first = replay_json(tmp_path, "--requests", "2000", "--dir", d, "--page-size", "1")
+    second = replay_json(tmp_path, "--requests", "2000", "--dir", d)
+    assert first["page_size"] == second["page_size"] == 1
+
+
+def test_value_size_over_the_limit_names_the_request(tmp_path, capsys):
+    trace = tmp_path / "big.csv"
+    trace.write_text("op_time,key,key_size,op,op_count,size,cache_hits,ttl\n"
+                     "1,k1,2,SET,1,10,0,0\n"
+                     "2,k2,2,SET,1,999999999999,0,0\n")
+    assert main(["replay", str(trace), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "request 2" in err and "max_value_bytes" in err
+
+
+def test_check_tells_errors_from_damage(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "missing")]) == 1
+    assert "ERROR" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert main(["check", str(tmp_path / "empty")]) == 1
+    assert "not a durablekv cache directory" in capsys.readouterr().out
