@@ -389,18 +389,20 @@ class Cache(MutableMapping):
         if self._filter.ready and ck not in self._filter:
             self._absent, self._absent_ck = key, ck
             return None
-        store = self._store
-        pid = store.lookup(ck)
-        if pid is None:
+        found = self._store.find(ck)
+        if found is None:
             self._absent, self._absent_ck = key, ck
             return None
+        pid = found[0]
         if pid in self._tier.pages:
             return None  # its page is in memory and no longer holds it
-        self._fault_in(pid)
+        self._fault_in(pid, None if found[1] is None else found[1:])
         return self._tier.table.get(key)
 
-    def _fault_in(self, pid: int) -> Page:
-        row = self._store.read_page(pid)
+    def _fault_in(self, pid: int, row: tuple[int, bytes] | None = None) -> Page:
+        """Read page ``pid`` (or use ``row`` = (n, blob) already read) and make it resident."""
+        if row is None:
+            row = self._store.read_page(pid)
         if row is None:
             detail = f"the key index points at page {pid}, which is missing"
             mark_damaged(self._store.path, detail)

@@ -271,11 +271,15 @@ class SQLitePageStore:
 
     # -- reads (cache lock held) -----------------------------------------------------
 
-    def lookup(self, ckey: bytes) -> int | None:
-        """The page id holding canonical key ``ckey`` in the committed store, or None."""
+    def find(self, ckey: bytes) -> tuple[int, int | None, bytes | None] | None:
+        """``(page_id, n_entries, blob)`` of the page holding canonical key
+        ``ckey`` (one statement: index lookup and page read), ``(page_id, None,
+        None)`` when the index points at a missing page, or None."""
         with _translate(self.path, "key lookup"):
-            row = self._r.execute("SELECT page_id FROM keys WHERE key = ?", (ckey,)).fetchone()
-        return None if row is None else row[0]
+            return self._r.execute(
+                "SELECT k.page_id, p.n_entries, p.data FROM keys AS k "
+                "LEFT JOIN pages AS p ON p.page_id = k.page_id WHERE k.key = ?",
+                (ckey,)).fetchone()
 
     def read_page(self, page_id: int) -> tuple[int, bytes] | None:
         """``(n_entries, blob)`` of a committed page, or None."""

@@ -9,13 +9,13 @@ from durablekv.keyfilter import KeyFilter
 
 def count_lookups(cache: Cache) -> list:
     calls = []
-    real = cache._store.lookup
+    real = cache._store.find
 
     def lookup(ck):
         calls.append(ck)
         return real(ck)
 
-    cache._store.lookup = lookup
+    cache._store.find = lookup
     return calls
 
 
