@@ -50,6 +50,7 @@ log = logging.getLogger("durablekv")
 _MISSING: Any = object()
 _REAL_MONOTONIC = (time.monotonic,)
 _U32_PACK = struct.Struct("<I").pack
+_Frozen = _codec.Frozen
 _OPEN, _CLOSING, _CLOSED, _FAILED, _FORKED = "open", "closing", "closed", "failed", "forked"
 DURABILITY_MODES = ("fsync", "log", "none")
 #: Longest encoded key (bytes); keys live in the page blobs and the index.
@@ -266,6 +267,10 @@ class Cache(MutableMapping):
         self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
         self._cond = threading.Condition(self._lock)  # back-pressure waits
         self._tier = MemoryTier(store.page_size, max_pages)
+        # the tier's page table and LRU, for the hot path (never replaced:
+        # MemoryTier.clear() empties them in place)
+        self._table = self._tier.table
+        self._lru = self._tier.lru
         self._tier.next_page_id = store.max_page_id + 1
         self._count = store.key_count
         self._ttl_count = store.ttl_key_count
@@ -593,7 +598,7 @@ class Cache(MutableMapping):
         with self._lock:
             if self._state is not _OPEN:
                 self._check_open()
-            ref = self._tier.table.get(key)
+            ref = self._table.get(key)
             if ref is not None:
                 page, slot = ref
                 exp = page.expires[slot]
@@ -602,13 +607,13 @@ class Cache(MutableMapping):
                     self._misses += 1
                     return default
                 if page.state == RESIDENT:
-                    self._tier.lru.move_to_end(page)
+                    self._lru.move_to_end(page)
                     self._memory_hits += 1
                 else:
                     self._tier.fault_pending(page)
                     self._store_hits += 1
                 v = page.values[slot]
-                return v if type(v) is not _codec.Frozen else self._codec.decode(v.blob)
+                return v if type(v) is not _Frozen else self._codec.decode(v.blob)
             ref = self._ref(key)
             if ref is None:
                 self._misses += 1
