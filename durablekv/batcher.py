@@ -10,6 +10,14 @@ A cycle runs when ``interval`` seconds have passed since the last one, when
 :meth:`kick` is called (the cache kicks once ``flush_batch_pages`` pages are
 dirty, or a writer meets back-pressure), or when :meth:`flush_until` waits.
 
+Duty cycle: re-encoding many hot pages costs Python time that writers pay
+for too (the GIL). After a flush that took ``t`` seconds, the next one that
+nobody is waiting for starts no sooner than ``duty_ratio * t`` seconds
+later, so the batcher takes at most about ``1 / (1 + duty_ratio)`` of the
+time (25 % by default); writes to hot pages coalesce longer instead. The
+replay log is still fsynced every ``interval`` (durability ``log``), and a
+:meth:`flush_until` or back-pressure (``kick(urgent=True)``) flushes at once.
+
 The batcher knows its collaborators only by these protocols:
 
 * ``source.take_snapshot() -> Snapshot | None`` (takes the source's lock and
@@ -90,7 +98,8 @@ class WriteBehindBatcher:
     """
 
     def __init__(self, source: Any, store: Any, replay_log: Any, *, interval: float,
-                 sync_log: bool, name: str, path: str, max_backoff: float = 1.0) -> None:
+                 sync_log: bool, name: str, path: str, max_backoff: float = 1.0,
+                 duty_ratio: float = 3.0) -> None:
         self._source = source
         self._store = store
         self._log = replay_log
@@ -98,6 +107,9 @@ class WriteBehindBatcher:
         self._sync_log = sync_log
         self._path = path
         self._max_backoff = max(max_backoff, interval)
+        self._duty_ratio = duty_ratio
+        self._urgent = False    # someone waits for a flush (set without the lock)
+        self._cooling = False   # inside the duty-cycle pause: plain kicks wait
         self._cond = threading.Condition()   # guards everything below
         self._wake = threading.Event()
         self._stop = False
@@ -135,8 +147,15 @@ class WriteBehindBatcher:
         """True while the latest cycle failed (cleared by the next success)."""
         return self._failing
 
-    def kick(self) -> None:
-        """Ask for a cycle now (cheap when one is already asked for)."""
+    def kick(self, urgent: bool = False) -> None:
+        """Ask for a cycle (cheap when one is already asked for).
+
+        A plain kick waits out the duty-cycle pause; ``urgent`` (back-pressure)
+        does not."""
+        if urgent:
+            self._urgent = True
+        elif self._cooling:
+            return
         if not self._wake.is_set():
             self._wake.set()
 
@@ -172,6 +191,7 @@ class WriteBehindBatcher:
                     remaining = deadline - monotonic()
                     if remaining <= 0:
                         raise FlushTimeoutError(self._path, timeout, self._last_error)
+                self._urgent = True
                 self._wake.set()
                 self._cond.wait(remaining)
 
@@ -179,6 +199,8 @@ class WriteBehindBatcher:
 
     def _run(self) -> None:
         backoff = 0.0
+        monotonic = _REAL[0]
+        next_flush = 0.0
         while True:
             self._wake.wait(backoff or self._interval)
             self._wake.clear()
@@ -186,9 +208,22 @@ class WriteBehindBatcher:
                 stopping = self._stop
             if stopping:
                 return
+            urgent, self._urgent = self._urgent, False
+            if not urgent and not backoff and monotonic() < next_flush:
+                # Duty-cycle pause: pages wait, the log is fsynced on time.
+                self._cooling = True
+                if self._log is not None and self._sync_log:
+                    try:
+                        self._log.sync()
+                    except OSError as exc:
+                        log.error("fsync of the replay log of %s failed: %r", self._path, exc)
+                continue
+            self._cooling = False
+            started = monotonic()
             try:
                 self._source.background_work()
                 self._cycle()
+                next_flush = monotonic() + self._duty_ratio * (monotonic() - started)
             except BaseException as exc:  # noqa: BLE001 - reported to flush() callers
                 with self._cond:
                     self._errors += 1

@@ -474,7 +474,7 @@ class Cache(MutableMapping):
                                        "Fix the store (disk space, locks) and retry")
             if self._state is not _OPEN:
                 self._check_open()
-            batcher.kick()
+            batcher.kick(urgent=True)
             self._cond.wait(0.5)
 
     def _apply_set(self, key: Any, held: Any, expire_at: float | None,
@@ -506,7 +506,9 @@ class Cache(MutableMapping):
             self._count += 1
             if expire_at is not None:
                 self._ttl_count += 1
-        if len(tier.dirty) >= self.flush_batch_pages or tier.pending * 2 >= self.max_pending_pages:
+        if tier.pending * 2 >= self.max_pending_pages:
+            self._batcher.kick(urgent=True)
+        elif len(tier.dirty) == self.flush_batch_pages:
             self._batcher.kick()
 
     def _apply_delete(self, key: Any, lsn: int) -> None:
@@ -516,7 +518,7 @@ class Cache(MutableMapping):
         self._tier.remove(key, _REAL_MONOTONIC[0](), lsn)
         self._count -= 1
         if self._tier.pending * 2 >= self.max_pending_pages:
-            self._batcher.kick()
+            self._batcher.kick(urgent=True)
 
     def _filter_add(self, key: Any, ck: bytes | None = None) -> None:
         """A key entered the memory tier: it may reach the store (lock held)."""
@@ -702,7 +704,7 @@ class Cache(MutableMapping):
                         if page.page_id not in dirty:
                             dirty[page.page_id] = page
                             page.dirty_since = _REAL_MONOTONIC[0]()
-                            if len(dirty) >= self.flush_batch_pages:
+                            if len(dirty) == self.flush_batch_pages:
                                 self._batcher.kick()
                         tier.lru.move_to_end(page)
                         self._sets += 1
