@@ -1,0 +1,186 @@
+"""Restart cases: reopen after a clean close; recovery after SIGKILL.
+
+``reopen``    caches of 10k, 100k and 1M entries (16-byte keys, 100 B values)
+              are built and closed cleanly; each repetition times
+              ``Cache(dir)`` for every size (round-robin), with the files in
+              the OS page cache (``hot``) and after ``fsync`` +
+              ``posix_fadvise(DONTNEED)`` of every file (``cold``). Design
+              invariant 6 says the time does not grow with the store.
+``recovery``  a child process (``python -m bench.restart DIR N``) opens a cache
+              with ``flush_interval`` and ``flush_batch_pages`` so large that
+              nothing is ever flushed and ``max_pages`` so large that nothing
+              is evicted, writes N sets in ``log`` mode, says so, and is
+              SIGKILLed. Each repetition copies that directory and times
+              ``Cache(copy, max_pages=...)`` (defaults otherwise): the replay
+              of N log records plus the flush of the rebuilt pages that
+              recovery ends with. ``stats().recovered_records`` must equal N.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .util import REPO, Scratch, Settings, note, rotate, summarize
+
+VALUE = b"v" * 100
+
+
+def _key(i: int) -> str:
+    return f"r:{i:014d}"
+
+
+def _build(directory: str, n: int) -> float:
+    from durablekv import Cache
+    t0 = time.perf_counter()
+    with Cache(directory, durability="none", flush_batch_pages=256) as c:
+        s = c.set
+        for i in range(n):
+            s(_key(i), VALUE)
+    return time.perf_counter() - t0
+
+
+def _drop_os_cache(directory: str) -> None:
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _time_open(directory: str, probe_key: str) -> tuple[float, float]:
+    """Seconds for ``Cache(directory)``, and for the first get after it."""
+    from durablekv import Cache
+    t0 = time.perf_counter()
+    c = Cache(directory)
+    t1 = time.perf_counter()
+    try:
+        v = c.get(probe_key)
+        t2 = time.perf_counter()
+        assert v == VALUE, f"reopened cache lost {probe_key!r}"
+    finally:
+        c.close()
+    return t1 - t0, t2 - t1
+
+
+def run_reopen(cfg: Settings, scratch: Scratch) -> list[dict[str, Any]]:
+    dirs = {}
+    for n in cfg.restart_sizes:
+        d = scratch.sub(f"reopen-{n}")
+        secs = _build(d, n)
+        dirs[n] = d
+        note(f"restart: built a closed cache of {n:,} entries in {secs:.1f} s")
+    samples: dict[tuple[int, str], list[float]] = {}
+    first_get: dict[tuple[int, str], list[float]] = {}
+    for r in range(cfg.repeat):
+        for n in rotate(list(cfg.restart_sizes), r):
+            for temp in ("hot", "cold"):
+                if temp == "cold":
+                    _drop_os_cache(dirs[n])
+                else:
+                    _time_open(dirs[n], _key(0))  # make sure the files are cached
+                o, g = _time_open(dirs[n], _key(n // 2))
+                samples.setdefault((n, temp), []).append(o * 1e3)
+                first_get.setdefault((n, temp), []).append(g * 1e3)
+    rows = []
+    for n in cfg.restart_sizes:
+        store_bytes = sum(os.path.getsize(os.path.join(dirs[n], f)) for f in os.listdir(dirs[n])
+                          if os.path.isfile(os.path.join(dirs[n], f)))
+        for temp in ("hot", "cold"):
+            rows.append({"case": "reopen", "entries": n, "page_cache": temp, "unit": "ms",
+                         "store_bytes": store_bytes, **summarize(samples[(n, temp)]),
+                         "first_get_ms": summarize(first_get[(n, temp)])})
+        scratch.remove(dirs[n])
+    return rows
+
+
+def _crash_dir(n: int, scratch: Scratch) -> tuple[str, int]:
+    d = scratch.sub("crashed")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "bench.restart", d, str(n)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("DONE"):
+            proc.kill()
+            raise RuntimeError(f"crash writer failed: {line!r} {proc.stderr.read()[-2000:]}")
+        max_pages = int(line.split()[2])
+        os.kill(proc.pid, signal.SIGKILL)   # our own child
+    finally:
+        proc.wait()
+        proc.stdin.close()
+    return d, max_pages
+
+
+def run_recovery(cfg: Settings, scratch: Scratch) -> list[dict[str, Any]]:
+    from durablekv import Cache
+    n = cfg.crash_records
+    t0 = time.perf_counter()
+    crashed, max_pages = _crash_dir(n, scratch)
+    log_bytes = sum(os.path.getsize(os.path.join(crashed, f)) for f in os.listdir(crashed)
+                    if f.startswith("replay-"))
+    note(f"restart: {n:,} sets written and SIGKILLed in {time.perf_counter() - t0:.1f} s "
+         f"({log_bytes / 1e6:.0f} MB of log)")
+    wall: list[float] = []
+    inside: list[float] = []
+    recovered = []
+    for _r in range(cfg.slow_repeat):
+        d = scratch.sub("recover")
+        shutil.rmtree(d)
+        shutil.copytree(crashed, d)
+        t1 = time.perf_counter()
+        c = Cache(d, max_pages=max_pages)
+        t2 = time.perf_counter()
+        try:
+            st = c.stats()
+            assert c.get(_key(n - 1)) == VALUE, "the last acknowledged set was not recovered"
+        finally:
+            c.close()
+        scratch.remove(d)
+        wall.append(t2 - t1)
+        inside.append(st.recovery_seconds)
+        recovered.append(st.recovered_records)
+    scratch.remove(crashed)
+    rate = [rec / w for rec, w in zip(recovered, wall)]
+    if any(x != n for x in recovered):
+        note(f"restart: recovery replayed {recovered} records, expected {n:,} each time")
+    return [{"case": "recovery", "records": n, "recovered_records": recovered,
+             "all_recovered": all(x == n for x in recovered),
+             "log_bytes": log_bytes, "max_pages": max_pages, "unit": "records/s",
+             **summarize(rate), "open_seconds": summarize(wall),
+             "recovery_seconds_stat": summarize(inside)}]
+
+
+def child(directory: str, n: int) -> None:
+    from durablekv import Cache
+    max_pages = math.ceil(n / 16) + 16
+    c = Cache(directory, page_size=16, max_pages=max_pages, durability="log",
+              flush_interval=1e9, flush_batch_pages=1 << 30)
+    s = c.set
+    for i in range(n):
+        s(_key(i), VALUE)
+    st = c.stats()
+    assert st.flushes == 0 and st.evictions == 0, st
+    sys.stdout.write(f"DONE {n} {max_pages}\n")
+    sys.stdout.flush()
+    sys.stdin.read()   # the parent SIGKILLs us here; if it dies first, stdin ends
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    child(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,195 @@
+"""Cache simulators over a request list: LRU, durablekv's page-LRU, Belady's OPT.
+
+All count the same thing: a request whose op is ``get`` and whose key is
+resident is a hit; every request (get or set) is an access, and an access
+to a key that is not resident brings it in (demand paging: the missed key is
+always inserted). The hit ratio is hits / gets; for the read-only traces that
+is hits / requests, the definition of ../shared/traces/README.md, whose
+reference numbers :data:`REFERENCE` repeats for the self-check in ``--full``
+mode. Deletes remove the key.
+
+``page_lru`` follows durablekv's memory tier exactly (DESIGN.md, pages.py):
+new keys fill the *open page* in arrival order; recency is per page; a page
+coming in (new or faulted back) evicts the least recently used one; when
+the open page is evicted the next new key starts a new page. With
+``page_size=1`` it is exactly ``lru``. The macro case checks that durablekv's
+measured memory hits equal this simulation's hits.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+from collections import OrderedDict
+from typing import Any, NamedTuple, Sequence
+
+GET, SET, DELETE = 0, 1, 2
+_OPS = {"get": GET, "set": SET, "delete": DELETE}
+
+#: Reference (whole trace, slots) -> (LRU hits, OPT hits), from ../shared/traces/README.md.
+REFERENCE = {
+    ("arc_OLTP.lis", 1869): (380_653, 546_324),
+    ("arc_OLTP.lis", 18688): (608_101, 696_639),
+    ("cache2k_orm-busy.i32be", 763): (3_851_698, 4_141_226),
+    ("cache2k_orm-busy.i32be", 7635): (4_400_401, 4_665_403),
+    ("scarab_recs.i64be", 2584): (432_205, 664_311),
+    ("scarab_recs.i64be", 25837): (754_547, 934_319),
+}
+
+
+class Requests(NamedTuple):
+    """A trace (or its prefix) held in memory as parallel lists."""
+
+    name: str
+    ops: list[int]          # GET / SET / DELETE
+    keys: list[Any]
+    sizes: list[int]        # value bytes (0: the trace has none)
+    unique: int
+    gets: int
+    whole: bool             # the whole trace, not a prefix
+
+
+def load(path: str | os.PathLike, limit: int | None) -> Requests:
+    """Read ``limit`` requests (None: all) of a trace through durablekv's readers."""
+    from durablekv.traces import open_trace
+    trace = open_trace(path)
+    ops: list[int] = []
+    keys: list[Any] = []
+    sizes: list[int] = []
+    it = iter(trace)
+    src = it if limit is None else itertools.islice(it, limit)
+    for op, key, size, _ttl, _t in src:
+        ops.append(_OPS[op])
+        keys.append(key)
+        sizes.append(size)
+    whole = limit is None or len(keys) < limit or next(it, None) is None
+    return Requests(os.path.basename(os.fspath(path)), ops, keys, sizes, len(set(keys)),
+                    ops.count(GET), whole)
+
+
+def slots_for(req: Requests, fraction: float) -> int:
+    """Memory size in entries: ``fraction`` of the unique keys, rounded (at least 1)."""
+    return max(1, round(req.unique * fraction))
+
+
+def lru(req: Requests, slots: int) -> int:
+    """Get hits of an entry-level LRU of ``slots`` entries (an OrderedDict)."""
+    od: OrderedDict[Any, None] = OrderedDict()
+    move, pop = od.move_to_end, od.popitem
+    hits = 0
+    for op, k in zip(req.ops, req.keys):
+        if op == DELETE:
+            od.pop(k, None)
+        elif k in od:
+            move(k)
+            if op == GET:
+                hits += 1
+        else:
+            od[k] = None
+            if len(od) > slots:
+                pop(False)
+    return hits
+
+
+def page_lru(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
+    """durablekv's memory tier on a look-aside replay (no deletes, no TTLs).
+
+    Returns ``memory_hits``, ``store_hits``, ``misses`` (gets) and ``page_faults``.
+    """
+    if DELETE in req.ops:
+        raise ValueError("page_lru does not model deletes (the free list)")
+    page_of: dict[Any, int] = {}
+    resident: OrderedDict[int, None] = OrderedDict()
+    move, popfirst = resident.move_to_end, resident.popitem
+    open_page = -1
+    open_used = page_size
+    next_id = 0
+    mem = store = miss = faults = 0
+    for op, k in zip(req.ops, req.keys):
+        p = page_of.get(k)
+        if p is not None:
+            if p in resident:
+                move(p)
+                if op == GET:
+                    mem += 1
+                continue
+            faults += 1
+            if op == GET:
+                store += 1
+            resident[p] = None          # fault the page back in, at the MRU end
+            while len(resident) > max_pages:
+                victim = popfirst(False)[0]
+                if victim == open_page:
+                    open_page, open_used = -1, page_size
+            continue
+        if op == GET:
+            miss += 1                   # look-aside: a miss is followed by a set
+        if open_used >= page_size:      # the open page is full (or was evicted)
+            open_page, open_used = next_id, 0
+            next_id += 1
+            resident[open_page] = None
+            while len(resident) > max_pages:
+                victim = popfirst(False)[0]
+                if victim == open_page:  # pragma: no cover - cannot be the MRU page
+                    open_page = -1
+        page_of[k] = open_page
+        open_used += 1
+        move(open_page)
+    return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults}
+
+
+def opt(req: Requests, slots: int) -> int:
+    """Get hits of Belady's OPT with demand paging (evict the resident key whose
+    next access is farthest away; the missed key is always inserted)."""
+    ids: dict[Any, int] = {}
+    seq = [ids.setdefault(k, len(ids)) for k in req.keys]
+    n = len(seq)
+    nxt = [0] * n
+    last: dict[int, int] = {}
+    for i in range(n - 1, -1, -1):
+        k = seq[i]
+        # never used again: n + i keeps every "never" distinct (no ties)
+        nxt[i] = last.get(k, n + i)
+        last[k] = i
+    resident: dict[int, int] = {}       # key id -> its next access
+    heap: list[tuple[int, int]] = []    # (-next access, key id), lazily invalidated
+    push, pop = heapq.heappush, heapq.heappop
+    hits = 0
+    ops = req.ops
+    for i in range(n):
+        k = seq[i]
+        if ops[i] == DELETE:
+            resident.pop(k, None)
+            continue
+        if k in resident:
+            if ops[i] == GET:
+                hits += 1
+        elif len(resident) >= slots:
+            while True:
+                neg, victim = pop(heap)
+                if resident.get(victim) == -neg:
+                    del resident[victim]
+                    break
+        resident[k] = nxt[i]
+        push(heap, (-nxt[i], k))
+        if len(heap) > 4 * slots + 1024:   # drop stale entries now and then
+            heap = [(-v, key) for key, v in resident.items()]
+            heapq.heapify(heap)
+    return hits
+
+
+def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int]) -> dict[str, Any]:
+    """Hit ratios for the plot: LRU, OPT and durablekv's memory tier per page size."""
+    out: dict[str, Any] = {"fractions": list(fractions), "slots": [], "lru": [], "opt": [],
+                           "page_lru": {str(ps): [] for ps in page_sizes}}
+    gets = max(req.gets, 1)
+    for f in fractions:
+        slots = slots_for(req, f)
+        out["slots"].append(slots)
+        out["lru"].append(lru(req, slots) / gets)
+        out["opt"].append(opt(req, slots) / gets)
+        for ps in page_sizes:
+            r = page_lru(req, ps, -(-slots // ps))
+            out["page_lru"][str(ps)].append(r["memory_hits"] / gets)
+    return out

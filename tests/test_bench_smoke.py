@@ -1,0 +1,150 @@
+"""The benchmark suite still runs: every case with tiny sizes (``--quick``).
+
+Runs ``python -m bench --quick`` in a subprocess (its own interpreter, as a
+user would) with every output in a temp dir, then checks that each case
+produced results, that durablekv's replayed memory hits equal the simulated
+page-LRU, and that the documents were written. Competitors that are not
+installed (the ``bench`` extra) and Redis (no ``redis-server`` on PATH) are
+skipped by the bench itself, so this test needs only ``.[test]``; with
+``.[bench]`` installed it covers every adapter too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench")
+    cmd = [sys.executable, "-m", "bench", "--quick", "--out", str(out / "res.json"),
+           "--table", str(out / "res.md"), "--doc", str(out / "performance.md"),
+           "--plots-dir", str(out / "plots"), "--tmpdir", str(out)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    res = json.loads((out / "res.json").read_text())
+    return {"res": res, "dir": out, "elapsed": elapsed, "stderr": proc.stderr}
+
+
+def test_quick_run_is_quick(quick_run: dict) -> None:
+    assert quick_run["elapsed"] < 60, f"--quick took {quick_run['elapsed']:.0f} s"
+    assert quick_run["res"]["errors"] == []
+
+
+def test_every_micro_case_ran(quick_run: dict) -> None:
+    from bench.micro import CASES
+    rows = quick_run["res"]["micro"]
+    for case in CASES:
+        for vb in (100, 4096):
+            impls = {r["impl"] for r in rows if r["case"] == case and r["value_bytes"] == vb}
+            assert impls, (case, vb)
+            assert any(i.startswith("durablekv") for i in impls), (case, vb, impls)
+            if _has("cachetools") and case != "get_hit_store":
+                assert "cachetools" in impls, (case, impls)
+            if _has("diskcache"):
+                assert "diskcache" in impls, (case, impls)
+    for r in rows:
+        assert r["n"] == quick_run["res"]["settings"]["repeat"]
+        assert r["min"] <= r["median"] <= r["max"] and r["median"] > 0
+    faults = [r for r in rows if r["case"] == "get_hit_store" and r["impl"].startswith("durablekv")]
+    assert faults and all(r["page_fault_rate"] > 0.5 for r in faults)
+
+
+def test_redis_rows_iff_redis_server(quick_run: dict) -> None:
+    impls = {r["impl"] for r in quick_run["res"]["micro"]}
+    if shutil.which("redis-server") and _has("redis"):
+        assert {"redis", "redis-pipe"} <= impls
+    else:
+        assert not impls & {"redis", "redis-pipe"}
+        assert any("Redis" in s for s in quick_run["res"]["skipped"])
+
+
+def test_sustained_restart_memory(quick_run: dict) -> None:
+    res = quick_run["res"]
+    assert {r["impl"] for r in res["sustained"]} == {"durablekv", "sqlite"}
+    assert all(r["median"] > 0 and r["peak_rss_mib"]["median"] > 0 for r in res["sustained"])
+    reopen = [r for r in res["restart"] if r["case"] == "reopen"]
+    assert {r["entries"] for r in reopen} == set(res["settings"]["restart_sizes"])
+    rec = next(r for r in res["restart"] if r["case"] == "recovery")
+    assert rec["recovered_records"] == [rec["records"]] * len(rec["recovered_records"])
+    impls = {r["impl"] for r in res["memory"]}
+    assert {"dict", "durablekv-ps16", "durablekv-ps1"} <= impls
+
+
+def test_replays_match_the_simulator(quick_run: dict) -> None:
+    rows = quick_run["res"]["macro"]
+    assert {r["trace"] for r in rows} >= {"cache2k_orm-busy.i32be", "arc_OLTP.lis"}
+    checked = [r for r in rows if "exact" in r]
+    assert checked and all(r["exact"] for r in checked), [
+        (r["trace"], r["impl"], r["fraction"]) for r in checked if not r["exact"]]
+
+
+def test_targets_and_documents(quick_run: dict) -> None:
+    res, out = quick_run["res"], quick_run["dir"]
+    ids = {t["id"] for t in res["targets"]}
+    assert {"sustained", "recovery", "reopen-hot", "memory-durablekv-ps16"} <= ids
+    for t in res["targets"]:
+        if t["ratio"] is not None:
+            assert t["met"] in (True, False)
+    table = (out / "res.md").read_text()
+    assert "## Targets" in table and "## Micro" in table and "## Macro" in table
+    doc = (out / "performance.md").read_text()
+    assert "python -m bench" in doc and res["machine"]["cpu_model"] in doc
+    if _has("matplotlib"):
+        pngs = sorted(p.name for p in (out / "plots").glob("*.png"))
+        assert "throughput_micro.png" in pngs and "hit_ratio_arc_OLTP.png" in pngs
+        for name in pngs:
+            assert f"plots/{name}" in doc
+
+
+def test_help() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--quick" in proc.stdout and "--cases" in proc.stdout
+
+
+def test_opt_matches_exhaustive_search() -> None:
+    from functools import lru_cache
+
+    from bench import sim
+
+    def best(keys: tuple, slots: int) -> int:
+        @lru_cache(None)
+        def f(i: int, res: frozenset) -> int:
+            if i == len(keys):
+                return 0
+            k = keys[i]
+            if k in res:
+                return 1 + f(i + 1, res)
+            if len(res) < slots:
+                return f(i + 1, res | {k})
+            return max(f(i + 1, (res - {v}) | {k}) for v in res)
+        return f(0, frozenset())
+
+    rng = random.Random(5)
+    for _ in range(200):
+        n, u, slots = rng.randrange(1, 12), rng.randrange(1, 6), rng.randrange(1, 4)
+        keys = [rng.randrange(u) for _ in range(n)]
+        req = sim.Requests("t", [sim.GET] * n, keys, [0] * n, len(set(keys)), n, True)
+        assert sim.opt(req, slots) == best(tuple(keys), slots), (keys, slots)
+        assert sim.page_lru(req, 1, slots)["memory_hits"] == sim.lru(req, slots)
