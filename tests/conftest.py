@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
 import pytest
+
+from durablekv import Cache
 
 REPO = Path(__file__).resolve().parents[1]
 #: ../shared/traces beside the repository (read-only; never copied into it).
@@ -52,3 +55,20 @@ def run_with_timeout(fn, seconds: float = 10.0):
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def open_cache(path, **kw) -> Cache:
+    """A Cache whose batcher flushes only when asked (flush_interval 30 s)."""
+    kw.setdefault("flush_interval", 30.0)
+    return Cache(path, **kw)
+
+
+@contextlib.contextmanager
+def opened(path, **kw):
+    """``with opened(...) as c``: like ``with Cache(...)``, but a close() that
+    hangs fails the test instead of hanging the run."""
+    c = open_cache(path, **kw)
+    try:
+        yield c
+    finally:
+        run_with_timeout(c.close, 10.0)

@@ -8,7 +8,6 @@ in other modules.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import random
@@ -24,7 +23,7 @@ import pytest
 from durablekv import Cache
 from durablekv import codec
 from durablekv.store import decode_page
-from .conftest import Clock, run_with_timeout
+from .conftest import Clock, open_cache, opened, run_with_timeout
 
 MiB = 1 << 20
 
@@ -37,22 +36,6 @@ class RealClockUntilFrozen:
 
     def __call__(self) -> float:
         return time.time() if self.frozen is None else self.frozen
-
-
-def open_cache(path, **kw) -> Cache:
-    kw.setdefault("flush_interval", 30.0)
-    return Cache(path, **kw)
-
-
-@contextlib.contextmanager
-def opened(path, **kw):
-    """``with opened(...) as c``: like ``with Cache(...)``, but a close() that
-    hangs fails the test instead of hanging the run."""
-    c = open_cache(path, **kw)
-    try:
-        yield c
-    finally:
-        run_with_timeout(c.close)
 
 
 def spill(c: Cache) -> None:

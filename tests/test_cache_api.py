@@ -32,17 +32,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import durablekv
 from durablekv import Cache, CacheStats
 from durablekv.errors import (CacheClosedError, CacheLockedError, ConfigError, DurableKVError)
+from .conftest import open_cache
 
 SHAPES = {
     "roomy": dict(),
     "tiny": dict(page_size=4, max_pages=2),
     "lru1": dict(page_size=1, max_pages=3),
 }
-
-
-def open_cache(path, **kw) -> Cache:
-    kw.setdefault("flush_interval", 30.0)
-    return Cache(path, **kw)
 
 
 @pytest.fixture(params=sorted(SHAPES))

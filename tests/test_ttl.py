@@ -8,7 +8,6 @@ clock. Nothing sleeps to let TTL time pass: it moves only when a test moves it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sqlite3
 import subprocess
@@ -24,24 +23,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from durablekv import Cache
-from .conftest import Clock, run_with_timeout
-
-
-def open_cache(path, **kw) -> Cache:
-    kw.setdefault("flush_interval", 30.0)
-    return Cache(path, **kw)
-
-
-@contextlib.contextmanager
-def opened(path, **kw):
-    """``with opened(...) as c``: like ``with Cache(...)``, but a close() that
-    hangs fails the test instead of hanging the run."""
-    c = open_cache(path, **kw)
-    try:
-        yield c
-    finally:
-        run_with_timeout(c.close, 10.0)
+from .conftest import Clock, open_cache, opened, run_with_timeout
 
 
 def test_br001_boundary_with_injected_clock(tmp_path):
