@@ -74,8 +74,21 @@ def _close_all_at_exit() -> None:
 atexit.register(_close_all_at_exit)
 
 #: Objects a forked child must keep alive and never close: closing the
-#: parent's SQLite connections or lock file in the child could disturb the parent.
+#: parent's SQLite connections or lock file in the child could disturb the
+#: parent, and SQLite's own mutexes may have been held by a parent thread at
+#: the fork, so the child must make no SQLite call at all, not even a close
+#: when the interpreter exits. They are made immortal (an extra reference
+#: that is never dropped).
 _inherited: list = []
+
+
+def _immortal(obj: Any) -> None:
+    _inherited.append(obj)
+    try:
+        import ctypes
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    except (ImportError, AttributeError):  # pragma: no cover - not CPython
+        pass
 
 
 def _after_fork_in_child() -> None:
@@ -86,6 +99,7 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
+    import ctypes  # noqa: F401 - loaded now: a child must not dlopen after fork
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
@@ -376,7 +390,9 @@ class Cache(MutableMapping):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._state = _FORKED
-        _inherited.append((self._store, self._log, self._lock_fd, self._batcher))
+        for part in (self._store, self._log, self._batcher):
+            if part is not None:
+                _immortal(part)
         self._store = self._log = self._batcher = None
         self._lock_fd = None
 

