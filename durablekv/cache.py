@@ -40,8 +40,8 @@ from . import pages as _pages
 from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from .stats import CacheStats, HistogramSnapshot
-from .store import (STORE_FILE, PageImage, SQLitePageStore, decode_page, encode_page,
-                    mark_damaged)
+from .store import (ASCII_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore, encode_page,
+                    mark_damaged, page_layout, split_page)
 
 __all__ = ["Cache"]
 
@@ -429,25 +429,36 @@ class Cache(MutableMapping):
             mark_damaged(self._store.path, detail)
             raise CorruptStoreError(self._store.path, detail)
         n, data = row
-        decode_key = _codec.decode_key
         from_blob = self._codec.memory_form_from_blob
-        entries = []
-        ttl_n = 0
+        decode_key = _codec.decode_key
         try:
-            for slot, kb, vb, exp in decode_page(data):
-                entries.append((slot, decode_key(kb), from_blob(vb), exp))
-                if exp is not None:
-                    ttl_n += 1
-        except (ValueError, IndexError, TypeError) as exc:
+            if data[:2] == b"\xff\xff":
+                slots, expires, flags, kpos, vpos = page_layout(data)
+                if flags & ASCII_KEYS:
+                    text = data[kpos[0]:vpos[0]].decode("ascii")
+                    base = kpos[0]
+                    keys = [text[a - base:b - base] for a, b in zip(kpos, kpos[1:])]
+                else:
+                    keys = [decode_key(data[a:b]) for a, b in zip(kpos, kpos[1:])]
+                if flags & RAW_BYTES:
+                    values = [data[a:b] for a, b in zip(vpos, vpos[1:])]
+                else:
+                    values = [from_blob(data[a:b]) for a, b in zip(vpos, vpos[1:])]
+            else:
+                slots, expires, kbs, vbs = split_page(data)
+                keys = [decode_key(kb) for kb in kbs]
+                values = [from_blob(vb) for vb in vbs]
+        except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
             detail = f"page {pid} cannot be decoded: {exc}"
             mark_damaged(self._store.path, detail)
             raise CorruptStoreError(self._store.path, detail) from exc
-        for _, key, _, _ in entries:
-            if key in self._tier.table:
+        table = self._tier.table
+        for key in keys:
+            if key in table:
                 detail = f"page {pid} holds key {key!r}, which lives in another page"
                 mark_damaged(self._store.path, detail)
                 raise CorruptStoreError(self._store.path, detail)
-        return self._tier.install(pid, entries, len(entries), ttl_n, len(data))
+        return self._tier.install(pid, slots, keys, values, expires, len(data))
 
     def _ref(self, key: Any, now_fn=None) -> tuple[Page, int] | None:
         """(page, slot) of a live key, faulting its page in; None when absent.

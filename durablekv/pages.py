@@ -26,7 +26,7 @@ access). The design is a database buffer pool shrunk to key/value entries
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 __all__ = ["Page", "MemoryTier", "EMPTY", "PAGE_BYTES_LIMIT"]
 
@@ -130,6 +130,7 @@ class MemoryTier:
         self.evictions = 0
         self.page_faults = 0
         self.evicted: list[Page] = []  # scratch: pages evicted by the last call
+        self._all_slots = list(range(page_size))
 
     # -- residency -------------------------------------------------------------
 
@@ -166,25 +167,33 @@ class MemoryTier:
                 del table[k]
         del self.pages[page.page_id]
 
-    def install(self, page_id: int, entries: list[tuple[int, Any, Any, float | None]],
-                stored_n: int, stored_ttl_n: int, nbytes: int = 0) -> Page:
+    def install(self, page_id: int, slots: Sequence[int], keys: list[Any], values: list[Any],
+                expires: list[float | None], nbytes: int = 0) -> Page:
         """Make a page read from the store resident (a page fault).
 
-        :param entries: ``(slot, key, held_value, expire_at)`` as stored.
+        :param slots, keys, values, expires: parallel sequences, one item per
+            stored entry (``values`` in their memory form).
         :param nbytes: size of the stored page blob.
         """
         page = Page(page_id, self.page_size)
-        free = set(range(self.page_size))
-        for slot, key, held, exp in entries:
-            page.keys[slot] = key
-            page.values[slot] = held
-            page.expires[slot] = exp
-            self.table[key] = (page, slot)
-            free.discard(slot)
-        page.used = len(entries)
-        page.free_slots = sorted(free, reverse=True)
-        page.stored_n = stored_n
-        page.stored_ttl_n = stored_ttl_n
+        n = len(keys)
+        if n == self.page_size and list(slots) == self._all_slots:
+            page.keys = keys
+            page.values = values
+            page.expires = expires
+            page.free_slots = []
+        else:
+            pk, pv, pe = page.keys, page.values, page.expires
+            for slot, key, held, exp in zip(slots, keys, values, expires):
+                pk[slot] = key
+                pv[slot] = held
+                pe[slot] = exp
+            taken = set(slots)
+            page.free_slots = [s for s in range(self.page_size - 1, -1, -1) if s not in taken]
+        self.table.update(zip(keys, [(page, s) for s in slots]))
+        page.used = n
+        page.stored_n = n
+        page.stored_ttl_n = n - expires.count(None)
         page.nbytes = nbytes
         self.pages[page_id] = page
         self.page_faults += 1

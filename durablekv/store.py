@@ -14,10 +14,26 @@ Tables:
 * ``meta(name, value)``: ``page_size`` and ``serializer`` (fixed at creation),
   ``checkpoint_lsn``, ``key_count`` and ``ttl_key_count`` (set by every flush).
 
-Page blob format (little-endian): for each used slot, a header
-``<HdII`` = (slot u16, expire_at f64 or NaN for none, key length u32,
-value length u32), then the encoded key (:func:`durablekv.codec.encode_key`),
-then the encoded value (the cache's value codec).
+Page blob format, version 2 (little-endian, columnar, so that a page fault
+reads every header with one ``struct`` call and every key with one decode)::
+
+    blob    = marker n flags slots [expires] klens vlens keys values
+    marker  = u16 0xFFFF (a version-1 page starts with a slot number < 0xFFFF)
+    n       = u16, entries in the page;  flags = u8, bits below
+    slots   = n x u16
+    expires = n x f64, NaN for none; left out when flag NO_TTL is set
+    klens   = n x u32;  vlens = n x u32: byte lengths of each key and value
+    keys    = the n keys back to back: each key's encoding
+              (:func:`durablekv.codec.encode_key`), or with flag ASCII_KEYS
+              (every key a str of ASCII characters) just the characters
+    values  = the n values back to back: each value's encoding (the cache's
+              value codec), or with flag RAW_BYTES (every value ``bytes``
+              under the safe codec) just the bytes
+
+Version 1 (read, never written): for each used slot a header ``<HdII`` =
+(slot, expire_at or NaN, key length, value length), the encoded key, then
+the encoded value. Schema version 2 marks stores that may hold version-2
+pages, so an older durablekv refuses them instead of misreading them.
 
 Threads: the write connection is used only by the write-behind batcher's
 thread (and by open/close, when that thread is not running); the read
@@ -35,6 +51,7 @@ import os
 import sqlite3
 import struct
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -42,15 +59,17 @@ from .errors import ConfigError, CorruptStoreError, SchemaVersionError, StoreErr
 
 log = logging.getLogger("durablekv.store")
 
-__all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "migration_files",
+__all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "split_page", "page_layout", "migration_files",
            "STORE_FILE"]
 
 STORE_FILE = "pages.sqlite3"
 #: Left beside the store when damage is found while the cache runs, so the
 #: next open refuses the store (or rebuilds it) instead of trusting it.
 DAMAGE_MARKER = STORE_FILE + ".damaged"
-_ENTRY = struct.Struct("<HdII")
+_ENTRY = struct.Struct("<HdII")  # a version-1 page entry header
 assert _ENTRY.size == 18
+_N_FLAGS = struct.Struct("<HB")
+_U32 = struct.Struct("<I")
 _NAN = float("nan")
 
 
@@ -75,18 +94,111 @@ class PageImage:
 
 
 def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> bytes:
-    """Pack ``(slot, key_bytes, value_bytes, expire_at)`` entries into a page blob."""
-    out = []
-    pack = _ENTRY.pack
-    for slot, kb, vb, exp in entries:
-        out.append(pack(slot, _NAN if exp is None else exp, len(kb), len(vb)))
-        out.append(kb)
-        out.append(vb)
-    return b"".join(out)
+    """Pack ``(slot, key_bytes, value_bytes, expire_at)`` entries into a
+    version-2 page blob (see the module docstring). ``key_bytes`` is the
+    key's :func:`~durablekv.codec.encode_key` form, ``value_bytes`` the
+    value codec's."""
+    n = len(entries)
+    kbs = [e[1] for e in entries]
+    vbs = [e[2] for e in entries]
+    flags = 0
+    if all(kb[:1] == b"s" for kb in kbs):
+        body = [kb[5:] for kb in kbs]
+        if all(map(bytes.isascii, body)):
+            kbs = body
+            flags |= ASCII_KEYS
+    if all(vb[:1] == b"b" for vb in vbs):
+        vbs = [vb[5:] for vb in vbs]
+        flags |= RAW_BYTES
+    exps = [e[3] for e in entries]
+    if exps.count(None) == n:
+        flags |= NO_TTL
+        head = _columns(n, False).pack(0xFFFF, n, flags, *[e[0] for e in entries],
+                                      *map(len, kbs), *map(len, vbs))
+    else:
+        head = _columns(n, True).pack(0xFFFF, n, flags, *[e[0] for e in entries],
+                                     *[_NAN if x is None else x for x in exps],
+                                     *map(len, kbs), *map(len, vbs))
+    return b"".join((head, *kbs, *vbs))
+
+
+ASCII_KEYS, RAW_BYTES, NO_TTL = 1, 2, 4
+_COLUMNS: dict[tuple[int, bool], struct.Struct] = {}
+
+
+def _columns(n: int, ttl: bool) -> struct.Struct:
+    """The ``struct`` of a version-2 page header with ``n`` entries (cached)."""
+    st = _COLUMNS.get((n, ttl))
+    if st is None:
+        st = _COLUMNS[n, ttl] = struct.Struct(f"<HHB{n}H{n if ttl else 0}d{n}I{n}I")
+    return st
+
+
+def split_page(data: bytes) -> tuple[Sequence[int], list[float | None], list[bytes], list[bytes]]:
+    """``(slots, expires, key_bytes, value_bytes)`` of a page blob of either
+    version, as parallel sequences; keys and values in their encoded form.
+
+    :raises ValueError: the blob is damaged (truncated, lengths that do not
+        add up to its size).
+    """
+    if data[:2] != b"\xff\xff":
+        entries = list(_decode_v1(data))
+        return ([e[0] for e in entries], [e[3] for e in entries],
+                [e[1] for e in entries], [e[2] for e in entries])
+    slots, exps, flags, kpos, vpos = page_layout(data)
+    kbs = [data[a:b] for a, b in zip(kpos, kpos[1:])]
+    if flags & ASCII_KEYS:
+        kbs = [b"s" + _U32.pack(len(kb)) + kb for kb in kbs]
+    vbs = [data[a:b] for a, b in zip(vpos, vpos[1:])]
+    if flags & RAW_BYTES:
+        vbs = [b"b" + _U32.pack(len(vb)) + vb for vb in vbs]
+    return slots, exps, kbs, vbs
+
+
+def page_layout(data: bytes) -> tuple[Sequence[int], list[float | None], int, list[int],
+                                      list[int]]:
+    """Parse a version-2 page header: ``(slots, expires, flags, key_offsets,
+    value_offsets)``; key ``i`` is ``data[key_offsets[i]:key_offsets[i + 1]]``
+    and likewise for values (each offsets list has ``n + 1`` items).
+
+    :raises ValueError: the blob is damaged.
+    """
+    if len(data) < 5:
+        raise ValueError("truncated page header")
+    n, flags = _N_FLAGS.unpack_from(data, 2)
+    ttl = not flags & NO_TTL
+    st = _columns(n, ttl)
+    if len(data) < st.size:
+        raise ValueError(f"page header for {n} entries runs past the page end")
+    cols = st.unpack_from(data)
+    slots = cols[3:3 + n]
+    if ttl:
+        exps = [None if e != e else e for e in cols[3 + n:3 + 2 * n]]
+        lens = cols[3 + 2 * n:]
+    else:
+        exps = [None] * n
+        lens = cols[3 + n:]
+    kpos = list(accumulate(lens[:n], initial=st.size))
+    vpos = list(accumulate(lens[n:], initial=kpos[-1]))
+    if vpos[-1] != len(data):
+        raise ValueError(f"entry lengths add up to {vpos[-1]} bytes, the page holds {len(data)}")
+    return slots, exps, flags, kpos, vpos
 
 
 def decode_page(data: bytes) -> Iterator[tuple[int, bytes, bytes, float | None]]:
-    """Inverse of :func:`encode_page`; raises ``ValueError`` on a damaged blob."""
+    """Inverse of :func:`encode_page`, for either version: yields
+    ``(slot, key_bytes, value_bytes, expire_at)``.
+
+    :raises ValueError: the blob is damaged.
+    """
+    if data[:2] != b"\xff\xff":
+        yield from _decode_v1(data)
+        return
+    slots, exps, kbs, vbs = split_page(data)
+    yield from zip(slots, kbs, vbs, exps)
+
+
+def _decode_v1(data: bytes) -> Iterator[tuple[int, bytes, bytes, float | None]]:
     pos, end = 0, len(data)
     unpack = _ENTRY.unpack_from
     size = _ENTRY.size

@@ -67,7 +67,7 @@ def test_lru_evicts_least_recently_used_page_dirty_ones_go_pending():
 def test_clean_page_is_dropped_on_eviction_and_faults_back():
     t = MemoryTier(page_size=2, max_pages=1)
     t.next_page_id = 10
-    t.install(4, [(0, "x", 1, None), (1, "y", 2, 50.0)], stored_n=2, stored_ttl_n=1)
+    t.install(4, [0, 1], ["x", "y"], [1, 2], [None, 50.0])
     assert t.page_faults == 1 and resident_ids(t) == [4]
     p = t.pages[4]
     assert p.free_slots == [] and p.used == 2 and p.stored_n == 2

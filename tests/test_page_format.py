@@ -1,0 +1,113 @@
+"""The page blob format: version 2 round trips, version-1 stores still open."""
+
+from __future__ import annotations
+
+import sqlite3
+import struct
+
+import pytest
+from hypothesis import given, strategies as st
+
+from durablekv import Cache, CorruptStoreError, codec
+from durablekv.store import (ASCII_KEYS, NO_TTL, RAW_BYTES, decode_page, encode_page,
+                             page_layout)
+
+STORE = "pages.sqlite3"
+SAFE = codec.SafeCodec()
+
+keys = st.one_of(st.text(max_size=12), st.integers(), st.binary(max_size=8),
+                 st.tuples(st.integers(), st.text(max_size=3)))
+values = st.one_of(st.binary(max_size=40), st.text(max_size=10), st.integers(),
+                   st.lists(st.integers(), max_size=3))
+expires = st.one_of(st.none(), st.floats(min_value=0, max_value=4e9))
+
+
+@given(st.dictionaries(keys, st.tuples(values, expires), max_size=20), st.randoms())
+def test_any_page_round_trips(entries, rnd):
+    slots = rnd.sample(range(64), len(entries))
+    page = [(slot, codec.encode_key(k), SAFE.encode(v), e)
+            for slot, (k, (v, e)) in zip(slots, entries.items())]
+    assert list(decode_page(encode_page(page))) == page
+
+
+def test_common_pages_take_the_compact_forms():
+    page = [(i, codec.encode_key(f"key:{i}"), SAFE.encode(bytes([i]) * 10), None)
+            for i in range(16)]
+    data = encode_page(page)
+    slots, exps, flags, kpos, vpos = page_layout(data)
+    assert flags == ASCII_KEYS | RAW_BYTES | NO_TTL
+    assert list(slots) == list(range(16)) and exps == [None] * 16
+    assert vpos[-1] == len(data) and data[vpos[3]:vpos[4]] == bytes([3]) * 10
+    # one non-ASCII key, one str value, one TTL: each compact form is dropped
+    page[5] = (5, codec.encode_key("clé"), SAFE.encode("text"), 9.5)
+    data = encode_page(page)
+    assert page_layout(data)[2] == 0
+    assert list(decode_page(data)) == page
+
+
+@pytest.mark.parametrize("cut", [1, 4, 10, 100])
+def test_a_cut_page_is_damage(cut):
+    page = [(i, codec.encode_key(f"k{i}"), SAFE.encode(b"v" * 20), None) for i in range(4)]
+    data = encode_page(page)
+    with pytest.raises(ValueError):
+        list(decode_page(data[:-cut]))
+
+
+def _encode_v1(entries):
+    out = []
+    for slot, kb, vb, exp in entries:
+        out.append(struct.pack("<HdII", slot, float("nan") if exp is None else exp,
+                               len(kb), len(vb)))
+        out += [kb, vb]
+    return b"".join(out)
+
+
+def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
+    """A schema-1 store (version-1 page blobs) opens, reads every entry and
+    migrates to schema 2; pages written afterwards use version 2."""
+    d = tmp_path / "c"
+    with Cache(d, page_size=4, max_pages=2) as cache:
+        for i in range(40):
+            cache[f"k{i}"] = b"v%d" % i
+        cache[("tuple", 1)] = [1, 2]
+        cache.set("ttl", "x", expire=3600)
+    conn = sqlite3.connect(d / STORE)
+    for pid, data in conn.execute("SELECT page_id, data FROM pages").fetchall():
+        conn.execute("UPDATE pages SET data = ? WHERE page_id = ?",
+                     (_encode_v1(list(decode_page(data))), pid))
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    v1_blobs = conn.execute("SELECT count(*) FROM pages WHERE substr(data, 1, 2) != x'ffff'"
+                            ).fetchone()[0]
+    conn.close()
+    assert v1_blobs > 10
+    with Cache(d, max_pages=2) as cache:
+        assert [cache[f"k{i}"] for i in range(40)] == [b"v%d" % i for i in range(40)]
+        assert cache[("tuple", 1)] == [1, 2] and cache["ttl"] == "x"
+        cache["k0"] = b"new"
+    conn = sqlite3.connect(d / STORE)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    page_of_k0 = conn.execute("SELECT data FROM pages WHERE page_id = "
+                              "(SELECT page_id FROM keys WHERE key = ?)",
+                              (codec.canonical_key("k0"),)).fetchone()[0]
+    conn.close()
+    assert page_of_k0[:2] == b"\xff\xff"
+    with Cache(d) as cache:
+        assert cache["k0"] == b"new" and cache["k39"] == b"v39"
+
+
+def test_a_garbled_version_2_page_is_reported_as_damage(tmp_path):
+    d = tmp_path / "c"
+    with Cache(d, page_size=4, max_pages=1) as cache:
+        for i in range(8):
+            cache[f"k{i}"] = b"x" * 30
+    conn = sqlite3.connect(d / STORE)
+    pid, data = conn.execute("SELECT page_id, data FROM pages LIMIT 1").fetchone()
+    conn.execute("UPDATE pages SET data = ? WHERE page_id = ?", (data[:-7], pid))
+    conn.commit()
+    conn.close()
+    with Cache(d, max_pages=1) as cache:
+        with pytest.raises(CorruptStoreError) as exc:
+            for i in range(8):
+                cache.get(f"k{i}")
+        assert f"page {pid} cannot be decoded" in str(exc.value)
