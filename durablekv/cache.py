@@ -40,7 +40,7 @@ from . import pages as _pages
 from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from .stats import CacheStats, HistogramSnapshot
-from .store import (ASCII_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore, encode_page,
+from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore, encode_page,
                     mark_damaged, page_layout, split_page)
 
 __all__ = ["Cache"]
@@ -48,6 +48,12 @@ __all__ = ["Cache"]
 log = logging.getLogger("durablekv")
 
 _MISSING: Any = object()
+
+
+@functools.lru_cache(maxsize=None)
+def _int64s(n: int) -> struct.Struct:
+    """``n`` little-endian int64s (the keys of an INT_KEYS page)."""
+    return struct.Struct(f"<{n}q")
 _REAL_MONOTONIC = (time.monotonic,)
 _U32_PACK = struct.Struct("<I").pack
 _Frozen = _codec.Frozen
@@ -438,6 +444,8 @@ class Cache(MutableMapping):
                     text = data[kpos[0]:vpos[0]].decode("ascii")
                     base = kpos[0]
                     keys = [text[a - base:b - base] for a, b in zip(kpos, kpos[1:])]
+                elif flags & INT_KEYS:
+                    keys = list(_int64s(len(slots)).unpack_from(data, kpos[0]))
                 else:
                     keys = [decode_key(data[a:b]) for a, b in zip(kpos, kpos[1:])]
                 if flags & RAW_BYTES:

@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 _Q = struct.Struct("<q")
+_QKEY = struct.Struct("<cq").pack  # an int key: tag q, int64
 _D = struct.Struct("<d")
 _U32 = struct.Struct("<I")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -193,6 +194,8 @@ def encode_key(key: Any) -> bytes:
     if t is str:
         b = key.encode("utf-8", "surrogatepass")
         return b"s" + _U32.pack(len(b)) + b
+    if t is int and _INT64_MIN <= key <= _INT64_MAX:
+        return _QKEY(b"q", key)
     check_key(key)
     out: list[bytes] = []
     _enc(key, out, False, "key")
@@ -203,6 +206,8 @@ def decode_key(data: bytes) -> Any:
     """Inverse of :func:`encode_key` (and of :func:`canonical_key`)."""
     if data[:1] == b"s" and len(data) >= 5 and _U32.unpack_from(data, 1)[0] == len(data) - 5:
         return data[5:].decode("utf-8", "surrogatepass")
+    if len(data) == 9 and data[:1] == b"q":
+        return _Q.unpack_from(data, 1)[0]
     return _decode_all(data)
 
 
@@ -227,6 +232,8 @@ def canonical_key(key: Any) -> bytes:
     if t is str:
         b = key.encode("utf-8", "surrogatepass")
         return b"s" + _U32.pack(len(b)) + b
+    if t is int and _INT64_MIN <= key <= _INT64_MAX:
+        return _QKEY(b"q", key)
     return encode_key(_canon(key))
 
 

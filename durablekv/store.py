@@ -24,8 +24,9 @@ reads every header with one ``struct`` call and every key with one decode)::
     expires = n x f64, NaN for none; left out when flag NO_TTL is set
     klens   = n x u32;  vlens = n x u32: byte lengths of each key and value
     keys    = the n keys back to back: each key's encoding
-              (:func:`durablekv.codec.encode_key`), or with flag ASCII_KEYS
-              (every key a str of ASCII characters) just the characters
+              (:func:`durablekv.codec.encode_key`); with flag ASCII_KEYS
+              (every key a str of ASCII characters) just the characters;
+              with flag INT_KEYS (every key an int in int64 range) n x i64
     values  = the n values back to back: each value's encoding (the cache's
               value codec), or with flag RAW_BYTES (every value ``bytes``
               under the safe codec) just the bytes
@@ -59,7 +60,8 @@ from .errors import ConfigError, CorruptStoreError, SchemaVersionError, StoreErr
 
 log = logging.getLogger("durablekv.store")
 
-__all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "split_page", "page_layout", "migration_files",
+__all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "split_page", "page_layout",
+           "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS", "migration_files",
            "STORE_FILE"]
 
 STORE_FILE = "pages.sqlite3"
@@ -107,6 +109,9 @@ def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> by
         if all(map(bytes.isascii, body)):
             kbs = body
             flags |= ASCII_KEYS
+    elif all(kb[:1] == b"q" and len(kb) == 9 for kb in kbs):
+        kbs = [kb[1:] for kb in kbs]
+        flags |= INT_KEYS
     if all(vb[:1] == b"b" for vb in vbs):
         vbs = [vb[5:] for vb in vbs]
         flags |= RAW_BYTES
@@ -122,7 +127,7 @@ def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> by
     return b"".join((head, *kbs, *vbs))
 
 
-ASCII_KEYS, RAW_BYTES, NO_TTL = 1, 2, 4
+ASCII_KEYS, RAW_BYTES, NO_TTL, INT_KEYS = 1, 2, 4, 8
 _COLUMNS: dict[tuple[int, bool], struct.Struct] = {}
 
 
@@ -149,6 +154,8 @@ def split_page(data: bytes) -> tuple[Sequence[int], list[float | None], list[byt
     kbs = [data[a:b] for a, b in zip(kpos, kpos[1:])]
     if flags & ASCII_KEYS:
         kbs = [b"s" + _U32.pack(len(kb)) + kb for kb in kbs]
+    elif flags & INT_KEYS:
+        kbs = [b"q" + kb for kb in kbs]
     vbs = [data[a:b] for a, b in zip(vpos, vpos[1:])]
     if flags & RAW_BYTES:
         vbs = [b"b" + _U32.pack(len(vb)) + vb for vb in vbs]
@@ -180,6 +187,8 @@ def page_layout(data: bytes) -> tuple[Sequence[int], list[float | None], int, li
         lens = cols[3 + n:]
     kpos = list(accumulate(lens[:n], initial=st.size))
     vpos = list(accumulate(lens[n:], initial=kpos[-1]))
+    if flags & INT_KEYS and kpos[-1] - kpos[0] != 8 * n:
+        raise ValueError(f"an int-key page of {n} entries has {kpos[-1] - kpos[0]} key bytes")
     if vpos[-1] != len(data):
         raise ValueError(f"entry lengths add up to {vpos[-1]} bytes, the page holds {len(data)}")
     return slots, exps, flags, kpos, vpos

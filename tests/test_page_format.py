@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from durablekv import Cache, CorruptStoreError, codec
-from durablekv.store import (ASCII_KEYS, NO_TTL, RAW_BYTES, decode_page, encode_page,
+from durablekv.store import (ASCII_KEYS, INT_KEYS, NO_TTL, RAW_BYTES, decode_page, encode_page,
                              page_layout)
 
 STORE = "pages.sqlite3"
@@ -38,6 +38,9 @@ def test_common_pages_take_the_compact_forms():
     assert flags == ASCII_KEYS | RAW_BYTES | NO_TTL
     assert list(slots) == list(range(16)) and exps == [None] * 16
     assert vpos[-1] == len(data) and data[vpos[3]:vpos[4]] == bytes([3]) * 10
+    ints = [(i, codec.encode_key(i * 1000 - 5), SAFE.encode(b"x"), None) for i in range(16)]
+    assert page_layout(encode_page(ints))[2] == INT_KEYS | RAW_BYTES | NO_TTL
+    assert list(decode_page(encode_page(ints))) == ints
     # one non-ASCII key, one str value, one TTL: each compact form is dropped
     page[5] = (5, codec.encode_key("clé"), SAFE.encode("text"), 9.5)
     data = encode_page(page)
@@ -69,6 +72,7 @@ def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
     with Cache(d, page_size=4, max_pages=2) as cache:
         for i in range(40):
             cache[f"k{i}"] = b"v%d" % i
+            cache[i] = i
         cache[("tuple", 1)] = [1, 2]
         cache.set("ttl", "x", expire=3600)
     conn = sqlite3.connect(d / STORE)
@@ -83,6 +87,7 @@ def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
     assert v1_blobs > 10
     with Cache(d, max_pages=2) as cache:
         assert [cache[f"k{i}"] for i in range(40)] == [b"v%d" % i for i in range(40)]
+        assert [cache[i] for i in range(40)] == list(range(40))
         assert cache[("tuple", 1)] == [1, 2] and cache["ttl"] == "x"
         cache["k0"] = b"new"
     conn = sqlite3.connect(d / STORE)
@@ -96,11 +101,12 @@ def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
         assert cache["k0"] == b"new" and cache["k39"] == b"v39"
 
 
-def test_a_garbled_version_2_page_is_reported_as_damage(tmp_path):
+@pytest.mark.parametrize("make_key", [lambda i: f"k{i}", lambda i: i, lambda i: ("t", i)])
+def test_a_garbled_version_2_page_is_reported_as_damage(tmp_path, make_key):
     d = tmp_path / "c"
     with Cache(d, page_size=4, max_pages=1) as cache:
         for i in range(8):
-            cache[f"k{i}"] = b"x" * 30
+            cache[make_key(i)] = b"x" * 30
     conn = sqlite3.connect(d / STORE)
     pid, data = conn.execute("SELECT page_id, data FROM pages LIMIT 1").fetchone()
     conn.execute("UPDATE pages SET data = ? WHERE page_id = ?", (data[:-7], pid))
@@ -109,5 +115,5 @@ def test_a_garbled_version_2_page_is_reported_as_damage(tmp_path):
     with Cache(d, max_pages=1) as cache:
         with pytest.raises(CorruptStoreError) as exc:
             for i in range(8):
-                cache.get(f"k{i}")
+                cache.get(make_key(i))
         assert f"page {pid} cannot be decoded" in str(exc.value)
