@@ -161,7 +161,7 @@ class Trace:
     def __iter__(self) -> Iterator[Request]:
         if self.format in _WIDTH:
             return _read_binary(self.path, _WIDTH[self.format])
-        return _READERS[self.format](self.path)
+        return _not_empty(self.path, _READERS[self.format](self.path))
 
     def size_hint(self) -> int | None:
         """Number of requests when known without reading the file (binary formats), else None."""
@@ -251,6 +251,12 @@ def _open(path: str) -> IO[bytes]:
 def _read_binary(path: str, width: int) -> Iterator[Request]:
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
+        if _looks_like_text(f.read(4096)):
+            raise TraceFormatError(path, None, (
+                f"this is a text file, not raw {width * 8}-bit big-endian keys; it is read as "
+                f"binary because it is named *.i{width * 8}be or format='i{width * 8}be' was "
+                "given: rename it or pass the text format (arc, cloudphysics, cachelib, twitter)"))
+        f.seek(0)
         if size % width:
             raise _odd_size(path, size, width)
         swap = sys.byteorder == "little"
@@ -263,6 +269,27 @@ def _read_binary(path: str, width: int) -> Iterator[Request]:
                 keys.byteswap()
             yield from map(_new, zip(repeat("get"), keys, repeat(0), repeat(None), repeat(None)))
             offset += len(chunk)
+
+
+def _not_empty(path: str, requests: Iterator[Request]) -> Iterator[Request]:
+    """Pass ``requests`` through; a text trace that holds none (a header and
+    no rows, only blank lines) is a TraceFormatError, not an empty replay."""
+    first = next(requests, None)
+    if first is None:
+        raise TraceFormatError(path, None, "the trace holds no requests (a header or blank "
+                               "lines only); expected at least one request")
+    yield first
+    yield from requests
+
+
+def _looks_like_text(head: bytes) -> bool:
+    """True when ``head`` (the start of a file) reads as lines of printable
+    ASCII: a text file given to a binary reader. Raw key traces hold NUL and
+    other control bytes almost at once (small keys start with zero bytes)."""
+    return b"\n" in head and not head.translate(None, _TEXT_BYTES)
+
+
+_TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\r\n"
 
 
 def _odd_size(path: str, size: int, width: int) -> TraceFormatError:

@@ -396,3 +396,31 @@ def test_zipf_alpha_zero_is_uniform():
 def test_zipf_bad_arguments(kwargs):
     with pytest.raises(ConfigError):
         zipf_workload(**kwargs)
+
+
+@pytest.mark.parametrize("name,fmt", [("keys.i32be", "auto"), ("keys.i64be", "auto"),
+                                      ("keys.bin", "i32be")])
+def test_text_read_as_binary_is_refused(tmp_path, name, fmt):
+    """A text file named like a raw key trace is not silently turned into
+    keys like 0x31203220 ("1 2 ")."""
+    p = tmp_path / name
+    p.write_text("1 2 3 4\n5 6 7 8\n" * 10)
+    with pytest.raises(TraceFormatError) as excinfo:
+        list(open_trace(p, fmt))
+    assert "text file" in str(excinfo.value) and "rename it" in str(excinfo.value)
+
+
+def test_binary_keys_that_happen_to_be_printable_bytes_still_read(tmp_path):
+    """No newline byte, so not text: read as keys."""
+    p = tmp_path / "k.i32be"
+    p.write_bytes(b"ABCDabcd")
+    assert [r.key for r in open_trace(p)] == [0x41424344, 0x61626364]
+
+
+@pytest.mark.parametrize("content", ["op_time,key,op\n", "version,time,op,size,lbn\n\n\n"])
+def test_a_header_without_requests_is_refused(tmp_path, content):
+    p = tmp_path / "t.csv"
+    p.write_text(content)
+    with pytest.raises(TraceFormatError) as excinfo:
+        list(open_trace(p))
+    assert "no requests" in str(excinfo.value)
