@@ -342,22 +342,21 @@ class Cache(MutableMapping):
         from_blob = self._codec.memory_form_from_blob
         table = self._tier.table
         with self._lock:
-            for rec in records:
+            for lsn, op, kb, vb, expire_at in records:
                 if self._tier.pending >= self.max_pending_pages:
                     self._backpressure()
-                if rec.op == OP_CLEAR:
-                    self._apply_clear(rec.lsn)
+                if op == OP_CLEAR:
+                    self._apply_clear(lsn)
                     table = self._tier.table
-                    self._last_lsn = rec.lsn
+                    self._last_lsn = lsn
                     continue
-                key = decode_key(rec.key)
+                key = decode_key(kb)
                 ref = table.get(key) or self._locate(key)
-                if rec.op == OP_SET:
-                    self._apply_set(key, from_blob(rec.value), rec.expire_at, ref, rec.lsn,
-                                    len(rec.key) + len(rec.value))
+                if op == OP_SET:
+                    self._apply_set(key, from_blob(vb), expire_at, ref, lsn, len(kb) + len(vb))
                 elif ref is not None:
-                    self._apply_delete(key, rec.lsn)
-                self._last_lsn = rec.lsn
+                    self._apply_delete(key, lsn)
+                self._last_lsn = lsn
 
     # -- helpers -----------------------------------------------------------------------
 
