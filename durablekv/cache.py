@@ -208,6 +208,14 @@ class Cache(MutableMapping):
     :raises ConfigError: an invalid or conflicting setting.
     :raises CorruptStoreError, SchemaVersionError, LogCorruptionError: see
         :mod:`durablekv.errors`.
+    :raises LogError: a log segment holding records to replay could not be
+        fsynced (recovery does so before new records are appended).
+
+    Recovery: log records after the store's checkpoint are applied to the
+    memory tier as dirty pages; the constructor returns without waiting for
+    them to reach SQLite (the log keeps them until the write-behind has
+    stored them), except with ``durability="none"`` or ``salvage_log``,
+    where they are flushed first.
 
     Every public method is thread-safe.
     """
@@ -320,7 +328,13 @@ class Cache(MutableMapping):
         records = result.records
         for i in range(0, len(records), 512):
             self._replay(records[i:i + 512])
-        if result.records:
+        # The recovered records are now dirty pages in memory, and the log
+        # keeps every segment that holds them until a checkpoint passes them
+        # (fsynced by recover()), so open does not wait for SQLite: a crash
+        # before the write-behind stores them replays them again. Two cases
+        # must wait: durability="none" drops the log here, and a salvaged
+        # log moved aside the segment holding the last records applied.
+        if records and (self.durability == "none" or result.salvaged):
             self._batcher.flush_until(self._last_lsn)
         self._log.truncate_through(store.checkpoint_lsn)
         if self.durability == "none":

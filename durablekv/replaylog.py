@@ -276,12 +276,24 @@ class ReplayLog:
     def recover(self, after_lsn: int, *, salvage: bool = False) -> RecoveryResult:
         """Read every segment; return records with LSN > ``after_lsn``.
 
-        Cuts a torn tail off the last segment (the file is truncated). Sealed
-        segments are remembered so that :meth:`truncate_through` can delete
-        them once a checkpoint passes them.
+        Cuts a torn tail off the last segment (the file is truncated and
+        fsynced). Every segment is remembered as sealed, so that
+        :meth:`truncate_through` deletes it only once a checkpoint passes its
+        last record: the caller may apply the records in memory and let the
+        write-behind store them later, and a crash meanwhile replays them
+        again.
+
+        Unless ``durability`` is ``"none"``, each segment holding records
+        after ``after_lsn`` is fsynced (and then the directory) before this
+        returns. Those records may have reached only the OS before the crash
+        (``log`` mode); new records go to a new segment, and a power loss
+        must not keep those while losing the older ones (that would leave an
+        LSN gap, which the next recovery refuses).
 
         :raises LogCorruptionError: a damaged record before the tail (and
             ``salvage`` is False).
+        :raises LogError: a segment holding records to replay could not be
+            fsynced.
         """
         segments = list_segments(self.directory)
         out: list[tuple] = []
@@ -289,6 +301,7 @@ class ReplayLog:
         salvaged: list[str] = []
         self.skipped_damage = 0
         expect = None
+        synced = False
         for i, path in enumerate(segments):
             last = i == len(segments) - 1
             with open(path, "rb") as f:
@@ -368,10 +381,29 @@ class ReplayLog:
             if os.path.exists(path):
                 self._sealed.append((path, records[-1][0] if records else 0))
                 self._sealed_bytes += size
+                if records and records[-1][0] > after_lsn and self.durability != "none":
+                    self._sync_segment(path)
+                    synced = True
             if salvaged:
                 break
+        if synced or torn:
+            _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
         return RecoveryResult(out, torn, torn_bytes, salvaged)
+
+    def _sync_segment(self, path: str) -> None:
+        """fsync a segment found at recovery (through the :meth:`_fsync` seam)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                self._fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise LogError(f"could not fsync replay log segment {path!r} at recovery: "
+                           f"{exc.strerror or exc}; its records might not survive a power "
+                           "loss, so the cache does not open. Fix the file system and "
+                           "open it again (the log still holds every record)") from exc
 
     # -- appending -------------------------------------------------------------------
 
