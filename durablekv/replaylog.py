@@ -26,11 +26,15 @@ LSNs increase by exactly one from record to record across segments.
 
 Recovery (:meth:`ReplayLog.recover`) reads the segments in order. A damaged
 record at the very end of the last segment (cut short, zero-filled, or a bad
-CRC on the final record) is a torn write from a crash: it is cut off, logged
-and counted. A damaged record anywhere else raises
-:class:`~durablekv.errors.LogCorruptionError` with the path and offset,
-unless recovery runs with ``salvage=True``, which keeps the good prefix and
-moves the damaged file aside (``*.damaged``).
+CRC on the final record) is a torn write from a crash: it is cut off (the
+file is truncated and fsynced), logged and counted. A damaged record
+anywhere else raises :class:`~durablekv.errors.LogCorruptionError` with the
+path and offset, unless recovery runs with ``salvage=True``, which keeps the
+good prefix and moves the damaged file aside (``*.damaged``). Damage behind
+which only records at or below the checkpoint lie is stepped over. The
+segments holding records to replay are fsynced before recovery returns; all
+segments stay until a checkpoint passes them, so the caller need not store
+the replayed records before it goes on.
 
 Durability: each append is one ``os.write`` of the whole record on an
 ``O_APPEND`` descriptor, so a killed process leaves either the whole record
