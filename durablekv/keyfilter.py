@@ -34,7 +34,7 @@ MIN_CAPACITY = 1 << 16
 _BITS_PER_KEY = 12
 _PROBES = 4
 _MASK64 = (1 << 64) - 1
-_LOW32 = 0xFFFFFFFF
+assert _PROBES == 4  # KeyFilter.add_many unrolls the probe loop
 
 
 class KeyFilter:
@@ -56,7 +56,7 @@ class KeyFilter:
 
     def add(self, ckey: bytes) -> None:
         h = hash(ckey) & _MASK64
-        h1, h2 = h & _LOW32, (h >> 32) | 1
+        h1, h2 = h & 0xFFFFFFFF, (h >> 32) | 1
         bits, nbits = self.bits, self.nbits
         for _ in range(_PROBES):
             i = h1 % nbits
@@ -71,12 +71,11 @@ class KeyFilter:
     def add_many(self, ckeys: Iterable[bytes]) -> None:
         """:meth:`add` for many keys (same bits), without a call per key: the
         probe loop is unrolled for the four probes (recovery adds millions)."""
-        assert _PROBES == 4
         bits, nbits = self.bits, self.nbits
         count = 0
         for ck in ckeys:
             h = hash(ck) & _MASK64
-            h1, h2 = h & _LOW32, (h >> 32) | 1
+            h1, h2 = h & 0xFFFFFFFF, (h >> 32) | 1
             i = h1 % nbits
             bits[i >> 3] |= 1 << (i & 7)
             h1 += h2
