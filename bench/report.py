@@ -265,7 +265,8 @@ def _restart_md(res: dict[str, Any]) -> list[str]:
     if rec:
         lines += ["", f"Crash recovery: {rec['records']:,} un-checkpointed `log` records "
                   f"({rec['log_bytes'] / 1e6:.0f} MB of log) after SIGKILL; `Cache(dir)` replays "
-                  "them and flushes the rebuilt pages before it returns.", "",
+                  "them into the memory tier and returns; the write-behind stores the "
+                  "rebuilt pages afterwards (the log keeps the records until then).", "",
                   "| records recovered | open time | records/s | recovery_seconds (stats) |",
                   "|---:|---:|---:|---:|",
                   f"| {rec['recovered_records'][0]:,} | "

@@ -12,8 +12,9 @@
               is evicted, writes N sets in ``log`` mode, says so, and is
               SIGKILLed. Each repetition copies that directory and times
               ``Cache(copy, max_pages=...)`` (defaults otherwise): the replay
-              of N log records plus the flush of the rebuilt pages that
-              recovery ends with. ``stats().recovered_records`` must equal N.
+              of N log records into the memory tier (open does not wait for
+              the write-behind to store them; the log keeps them until it
+              has). ``stats().recovered_records`` must equal N.
 """
 
 from __future__ import annotations

@@ -18,10 +18,13 @@ cache lock, then batcher lock, never the reverse.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import functools
+import gc
 import logging
 import math
+import operator
 import os
 import struct
 import threading
@@ -66,6 +69,30 @@ MAX_VALUE_BYTES_LIMIT = PAGE_BYTES_LIMIT - MAX_KEY_BYTES - 4096
 LOCK_FILE = "LOCK"
 
 _open_caches: "weakref.WeakValueDictionary[int, Cache]" = weakref.WeakValueDictionary()
+# fields of a recovered log record (lsn, op, key, value, expire_at)
+_OP_OF, _KEY_OF, _VALUE_OF, _EXPIRE_OF = (operator.itemgetter(i) for i in range(1, 5))
+#: Pages read from the store per statement when recovery faults pages in.
+_FAULT_BATCH = 256
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a bulk build (Mercurial's
+    ``util.nogc`` does the same for its big dicts).
+
+    Recovery makes millions of page-table entries, and every container made
+    counts towards the collector's thresholds, so the collector would walk
+    the growing table over and over (measured: two thirds of the time of
+    building it). Reference counting still frees whatever is not in a cycle;
+    cyclic garbage made meanwhile (by any thread) waits for the pause to end.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _close_all_at_exit() -> None:
@@ -214,6 +241,14 @@ class Cache(MutableMapping):
     :raises ConfigError: an invalid or conflicting setting.
     :raises CorruptStoreError, SchemaVersionError, LogCorruptionError: see
         :mod:`durablekv.errors`.
+    :raises LogError: a log segment holding records to replay could not be
+        fsynced (recovery does so before new records are appended).
+
+    Recovery: log records after the store's checkpoint are applied to the
+    memory tier as dirty pages; the constructor returns without waiting for
+    them to reach SQLite (the log keeps them until the write-behind has
+    stored them), except with ``durability="none"`` or ``salvage_log``,
+    where they are flushed first.
 
     Every public method is thread-safe.
     """
@@ -324,9 +359,15 @@ class Cache(MutableMapping):
         self._state = _OPEN
         self._batcher.start()
         records = result.records
-        for i in range(0, len(records), 512):
-            self._replay(records[i:i + 512])
-        if result.records:
+        if records:
+            self._replay(records)
+        # The recovered records are now dirty pages in memory, and the log
+        # keeps every segment that holds them until a checkpoint passes them
+        # (fsynced by recover()), so open does not wait for SQLite: a crash
+        # before the write-behind stores them replays them again. Two cases
+        # must wait: durability="none" drops the log here, and a salvaged
+        # log moved aside the segment holding the last records applied.
+        if records and (self.durability == "none" or result.salvaged):
             self._batcher.flush_until(self._last_lsn)
         self._log.truncate_through(store.checkpoint_lsn)
         if self.durability == "none":
@@ -341,29 +382,204 @@ class Cache(MutableMapping):
                      self.recovery_seconds, self.path)
         _open_caches[id(self)] = self
 
-    def _replay(self, records) -> None:
-        """Apply logged records again, in LSN order, through the live code path
-        (one lock hold per batch; back-pressure between records)."""
-        decode_key = _codec.decode_key
+    def _replay(self, records: list[tuple]) -> None:
+        """Apply recovered log records in bulk (at open, before any other call).
+
+        :param records: ``(lsn, op, key, value, expire_at)`` tuples, every
+            record after the store's checkpoint, in LSN order.
+
+        The outcome is what applying them one at a time through set and
+        delete would give (values, expiry, counts, which key object is kept
+        for equal keys such as ``1`` and ``1.0``), but each key costs one step:
+        a clear discards everything before it; only each key's last record
+        matters; keys that may be in the store are looked up in batches and
+        their pages faulted in once; new keys fill fresh pages a page at a
+        time. Every page changed is dirty since the first LSN replayed.
+
+        The last LSN moves to the last record only at the end: while
+        back-pressure waits for the batcher (the log holds more than memory),
+        a flush may store a mix of old and new states, but its checkpoint
+        stays where it was, so a crash replays all of it again.
+        """
+        with self._lock, _gc_paused():
+            lsn, last_lsn = records[0][0], records[-1][0]
+            now = _REAL_MONOTONIC[0]()
+            ops = list(map(_OP_OF, records))
+            if OP_CLEAR in ops:
+                at = len(ops) - 1 - ops[::-1].index(OP_CLEAR)
+                self._apply_clear(records[at][0])
+                records, ops = records[at + 1:], ops[at + 1:]
+            if records:
+                self._replay_keys(records, OP_DELETE in ops, lsn, now)
+            self._last_lsn = last_lsn
+            self._absent = _MISSING
+            if len(self._tier.dirty) >= self.flush_batch_pages:
+                self._batcher.kick()
+
+    def _replay_keys(self, records: list[tuple], has_deletes: bool, lsn: int,
+                     now: float) -> None:
+        """:meth:`_replay` for records with no clear among them (lock held)."""
+        # The last record of each key, by its logged bytes, in LSN order.
+        final = dict(zip(map(_KEY_OF, records), records))
+        recs = list(final.values())
+        if len(recs) < len(records):
+            recs.sort()  # by LSN: the order one-by-one replay leaves the LRU in
+        kbs = list(map(_KEY_OF, recs))
+        keys, others = _codec.decode_keys(kbs)
+        # A key whose last set follows a delete is stored anew (a new key
+        # object), not updated in place.
+        fresh: set[int] = set()
+        if has_deletes:
+            deleted = {r[2] for r in records if r[1] == OP_DELETE}
+            fresh = {i for i, kb in enumerate(kbs) if kb in deleted}
+        cks = kbs  # a str or bytes key's encoding is its canonical key
+        if others:
+            recs, keys, cks, fresh = self._merge_equal_keys(records, recs, keys, kbs, others,
+                                                            fresh)
+        # Which keys are in the store now (memory holds nothing yet).
+        if self._clear_pending or (self._filter.ready and self._filter.added == 0):
+            located: dict[bytes, int] = {}  # a new or cleared store: nothing is
+        elif self._filter.ready:
+            f = self._filter
+            located = self._store.locate_keys([ck for ck in cks if ck in f])
+        else:
+            located = self._store.locate_keys(cks)
+        if located:
+            new: list[int] = []
+            by_page: dict[int, list[int]] = {}
+            for i, ck in enumerate(cks):
+                pid = located.get(ck)
+                if pid is None:
+                    new.append(i)
+                else:
+                    by_page.setdefault(pid, []).append(i)
+            self._replay_into_pages(by_page, recs, keys, fresh, new, lsn, now)
+            new.sort()
+        else:
+            new = list(range(len(recs)))
+        if has_deletes:  # a delete of a key that is nowhere does nothing
+            new = [i for i in new if recs[i][1] == OP_SET]
+        if len(new) < len(recs):
+            recs = [recs[i] for i in new]
+            keys = [keys[i] for i in new]
+            cks = [cks[i] for i in new]
+        self._insert_new_keys(recs, keys, cks, lsn, now)
+
+    def _merge_equal_keys(self, records, recs, keys, kbs, others, fresh):
+        """Merge the final records of keys that are equal but were logged as
+        different bytes (``1``, ``1.0``, ``True``): the latest record wins;
+        the key object kept is the one a one-by-one replay keeps (the first
+        set after the last delete). Returns ``(recs, keys, cks, fresh)``."""
+        cks = list(kbs)
+        groups: dict[bytes, list[int]] = {}
+        for i in others:
+            cks[i] = ck = _codec.canonical_key(keys[i])
+            groups.setdefault(ck, []).append(i)
+        merged = [g for g in groups.values() if len(g) > 1]
+        if not merged:
+            return recs, keys, cks, fresh
+        group_of = {kbs[i]: n for n, g in enumerate(merged) for i in g}
+        first_set: list[bytes | None] = [None] * len(merged)
+        had_delete = [False] * len(merged)
+        for _lsn, op, kb, _vb, _e in records:
+            n = group_of.get(kb)
+            if n is None:
+                continue
+            if op == OP_DELETE:
+                first_set[n] = None
+                had_delete[n] = True
+            elif first_set[n] is None:
+                first_set[n] = kb
+        dropped: set[int] = set()
+        for n, g in enumerate(merged):
+            last = g[-1]  # recs are in LSN order: the group's latest record
+            dropped.update(g[:-1])
+            if first_set[n] is not None:
+                keys[last] = _codec.decode_key(first_set[n])
+                # the entry's size counts the encoding of the key object kept
+                lsn_, op, _kb, vb, expire_at = recs[last]
+                recs[last] = (lsn_, op, first_set[n], vb, expire_at)
+            if had_delete[n]:
+                fresh.add(last)
+            else:
+                fresh.discard(last)
+        keep = [i for i in range(len(recs)) if i not in dropped]
+        renumber = {old: new for new, old in enumerate(keep)}
+        return ([recs[i] for i in keep], [keys[i] for i in keep], [cks[i] for i in keep],
+                {renumber[i] for i in fresh if i in renumber})
+
+    def _replay_into_pages(self, by_page: dict[int, list[int]], recs: list[tuple],
+                           keys: list[Any], fresh: set[int], new: list[int], lsn: int,
+                           now: float) -> None:
+        """Apply final records to keys the store holds: fault each page in once
+        and update or remove its keys. Keys to insert anew are appended to
+        ``new`` (lock held; back-pressure between pages)."""
+        tier = self._tier
+        table = tier.table
         from_blob = self._codec.memory_form_from_blob
-        table = self._tier.table
-        with self._lock:
-            for rec in records:
-                if self._tier.pending >= self.max_pending_pages:
+        pids = list(by_page)
+        for c in range(0, len(pids), _FAULT_BATCH):
+            chunk = pids[c:c + _FAULT_BATCH]
+            rows = self._store.read_pages([p for p in chunk if p not in tier.pages])
+            for pid in chunk:
+                if tier.pending >= self.max_pending_pages:
                     self._backpressure()
-                if rec.op == OP_CLEAR:
-                    self._apply_clear(rec.lsn)
-                    table = self._tier.table
-                    self._last_lsn = rec.lsn
-                    continue
-                key = decode_key(rec.key)
-                ref = table.get(key) or self._locate(key)
-                if rec.op == OP_SET:
-                    self._apply_set(key, from_blob(rec.value), rec.expire_at, ref, rec.lsn,
-                                    len(rec.key) + len(rec.value))
-                elif ref is not None:
-                    self._apply_delete(key, rec.lsn)
-                self._last_lsn = rec.lsn
+                if pid not in tier.pages:  # (a page in memory is authoritative)
+                    self._fault_in(pid, rows.get(pid))
+                for i in by_page[pid]:
+                    key = keys[i]
+                    ref = table.get(key)
+                    if ref is None:
+                        new.append(i)  # no longer on the page the index names
+                        continue
+                    page, slot = ref
+                    _lsn, op, kb, vb, expire_at = recs[i]
+                    old = page.expires[slot]
+                    nbytes = len(kb) + len(vb)
+                    if op == OP_SET and i not in fresh and tier.fits(page, nbytes):
+                        tier.update(page, slot, from_blob(vb), expire_at, now, lsn, nbytes)
+                        self._ttl_count += (expire_at is not None) - (old is not None)
+                        if page.state == RESIDENT:
+                            tier.touch(page)
+                        else:
+                            tier.fault_pending(page)
+                        continue
+                    if op == OP_SET:
+                        if i not in fresh:
+                            # the page would outgrow PAGE_BYTES_LIMIT: move the
+                            # entry, keeping the key object first stored (and
+                            # counting its encoding in the entry's size)
+                            keys[i] = page.keys[slot]
+                            recs[i] = (_lsn, op, _codec.encode_key(keys[i]), vb, expire_at)
+                        new.append(i)
+                    tier.remove(key, now, lsn)
+                    self._count -= 1
+                    if old is not None:
+                        self._ttl_count -= 1
+
+    def _insert_new_keys(self, recs: list[tuple], keys: list[Any], cks: list[bytes],
+                         lsn: int, now: float) -> None:
+        """Insert keys that are nowhere yet with their final sets (lock held;
+        back-pressure between batches of pages)."""
+        if not recs:
+            return
+        tier = self._tier
+        held = self._codec.memory_forms_from_blobs(map(_VALUE_OF, recs))
+        expires = list(map(_EXPIRE_OF, recs))
+        nbytes = list(map(operator.add, map(len, map(_KEY_OF, recs)),
+                          map(len, map(_VALUE_OF, recs))))
+        self._filter_reserve(len(keys))
+        pos = 0
+        while pos < len(keys):
+            room = self.max_pending_pages - tier.pending
+            if room <= 0:
+                self._backpressure()
+                continue
+            end = tier.insert_many(keys, held, expires, nbytes, now, lsn, pos, room)
+            self._filter_add_many(cks[pos:end])
+            self._count += end - pos
+            self._ttl_count += end - pos - expires[pos:end].count(None)
+            pos = end
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -560,10 +776,43 @@ class Cache(MutableMapping):
         if ck is None:
             ck = _codec.canonical_key(key)
         self._filter.add(ck)
-        if self._filter_building is not None:
-            self._filter_building.add(ck)
+        building = self._filter_building
+        if building is not None:
+            if building is not self._filter:
+                building.add(ck)
         elif self._filter.overfull:
             self._start_filter_build(KeyFilter(4 * max(self._filter.added, self._count)))
+
+    def _filter_add_many(self, cks: list[bytes]) -> None:
+        """:meth:`_filter_add` for many keys entering the memory tier (lock held).
+
+        A filter that is neither ready nor being built is never used again
+        (only the one being built becomes ready), so it is skipped."""
+        f, building = self._filter, self._filter_building
+        if building is not None:
+            building.add_many(cks)
+            if f is not building and f.ready:
+                f.add_many(cks)
+        else:
+            f.add_many(cks)
+            if f.overfull:
+                self._start_filter_build(KeyFilter(4 * max(f.added, self._count)))
+
+    def _filter_reserve(self, n: int) -> None:
+        """Make room for ``n`` keys about to enter the memory tier (lock held):
+        size the filter they go into for them now, instead of rebuilding it
+        each time it fills up."""
+        f, building = self._filter, self._filter_building
+        target = f if building is None else building
+        if target.added + n <= 2 * target.capacity:  # not overfull afterwards
+            return
+        if building is None and f.ready and f.added == 0:
+            # Nothing was ever added, so no key is in the store or in memory
+            # (a new or a cleared store): an empty bigger filter is as complete.
+            self._filter = KeyFilter(2 * n)
+            self._filter.ready = True
+            return
+        self._start_filter_build(KeyFilter(2 * (max(target.added, self._count) + n)))
 
     def _start_filter_build(self, target: KeyFilter) -> None:
         """Start building ``target`` (lock held, or at open): every key in memory

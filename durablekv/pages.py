@@ -26,6 +26,7 @@ access). The design is a database buffer pool shrunk to key/value entries
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import repeat
 from typing import Any, Iterator, Sequence
 
 __all__ = ["Page", "MemoryTier", "EMPTY", "PAGE_BYTES_LIMIT"]
@@ -258,6 +259,64 @@ class MemoryTier:
         if page.state == RESIDENT:
             self.lru.move_to_end(page)
         return page
+
+    def insert_many(self, keys: Sequence[Any], held: Sequence[Any],
+                    expires: Sequence[float | None], nbytes: Sequence[int], now: float,
+                    lsn: int, start: int = 0, page_budget: int | None = None) -> int:
+        """Add new keys (none of them in the table), as :meth:`insert` would one
+        at a time from ``start`` on, but filling each page in one step.
+
+        :param keys, held, expires, nbytes: parallel sequences, one item per
+            key (``nbytes``: the entry's encoded size).
+        :param lsn: the change's LSN (the pages' ``dirty_lsn`` if not dirty yet).
+        :param page_budget: take at most this many pages (each one taken may
+            evict one page, so this bounds the growth of the pending queue);
+            None: no bound.
+        :returns: the position after the last key inserted.
+        """
+        n = len(keys)
+        i = start
+        taken = 0
+        table = self.table
+        while i < n and (page_budget is None or taken < page_budget):
+            page = self._take_page(nbytes[i])
+            taken += 1
+            free = page.free_slots
+            k = min(len(free), n - i)
+            size = sum(nbytes[i:i + k])
+            if page.nbytes + size > PAGE_BYTES_LIMIT:
+                # Huge entries: fill the page one entry at a time, as insert() would
+                # (the first entry always goes in: _take_page chose the page for it).
+                k, size = 1, nbytes[i]
+                while k < len(free) and i + k < n and \
+                        page.nbytes + size + nbytes[i + k] <= PAGE_BYTES_LIMIT:
+                    size += nbytes[i + k]
+                    k += 1
+            cut = len(free) - k
+            slots = free[cut:]
+            del free[cut:]
+            slots.reverse()  # the order insert()'s free_slots.pop() takes them in
+            s0 = slots[0]
+            end = i + k
+            if slots == list(range(s0, s0 + k)):
+                page.keys[s0:s0 + k] = keys[i:end]
+                page.values[s0:s0 + k] = held[i:end]
+                page.expires[s0:s0 + k] = expires[i:end]
+            else:
+                pk, pv, pe = page.keys, page.values, page.expires
+                for j, slot in enumerate(slots, i):
+                    pk[slot] = keys[j]
+                    pv[slot] = held[j]
+                    pe[slot] = expires[j]
+            table.update(zip(keys[i:end], zip(repeat(page), slots)))
+            page.used += k
+            page.nbytes += size
+            page.keys_version += 1
+            self.mark_dirty(page, now, lsn)
+            if page.state == RESIDENT:
+                self.lru.move_to_end(page)
+            i = end
+        return i
 
     def fits(self, page: Page, nbytes: int) -> bool:
         """Whether an overwrite of ``nbytes`` keeps ``page`` within the byte limit."""

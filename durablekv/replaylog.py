@@ -26,11 +26,15 @@ LSNs increase by exactly one from record to record across segments.
 
 Recovery (:meth:`ReplayLog.recover`) reads the segments in order. A damaged
 record at the very end of the last segment (cut short, zero-filled, or a bad
-CRC on the final record) is a torn write from a crash: it is cut off, logged
-and counted. A damaged record anywhere else raises
-:class:`~durablekv.errors.LogCorruptionError` with the path and offset,
-unless recovery runs with ``salvage=True``, which keeps the good prefix and
-moves the damaged file aside (``*.damaged``).
+CRC on the final record) is a torn write from a crash: it is cut off (the
+file is truncated and fsynced), logged and counted. A damaged record
+anywhere else raises :class:`~durablekv.errors.LogCorruptionError` with the
+path and offset, unless recovery runs with ``salvage=True``, which keeps the
+good prefix and moves the damaged file aside (``*.damaged``). Damage behind
+which only records at or below the checkpoint lie is stepped over. The
+segments holding records to replay are fsynced before recovery returns; all
+segments stay until a checkpoint passes them, so the caller need not store
+the replayed records before it goes on.
 
 Durability: each append is one ``os.write`` of the whole record on an
 ``O_APPEND`` descriptor, so a killed process leaves either the whole record
@@ -51,6 +55,8 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import NamedTuple
 
 from .errors import LogCorruptionError, LogError, LogWriteError
 
@@ -65,13 +71,17 @@ assert HEADER.size == 16 and PAYLOAD.size == 13
 _LEN_LSN = struct.Struct("<IQ")
 _HEADER_PACK, _PAYLOAD_PACK, _LEN_LSN_PACK = HEADER.pack, PAYLOAD.pack, _LEN_LSN.pack
 _crc32 = zlib.crc32
+_LSN_OF = itemgetter(0)
 OP_SET, OP_DELETE, OP_CLEAR = 1, 2, 3
 _NAN = float("nan")
 _MAX_RECORD = 1 << 31
 
 
-@dataclass(frozen=True)
-class LogRecord:
+class LogRecord(NamedTuple):
+    """One parsed record. The parser itself builds plain tuples in this field
+    order (a tuple costs a fraction of a class instance, and recovery makes
+    millions); :func:`read_segment` hands out ``LogRecord`` instances."""
+
     lsn: int
     op: int
     key: bytes
@@ -112,12 +122,28 @@ def read_segment(path: str) -> tuple[list[LogRecord], int, _Damage | None, int]:
     with open(path, "rb") as f:
         data = f.read()
     records, good_end, damage = _parse_segment(data)
-    return records, good_end, damage, len(data)
+    return list(map(LogRecord._make, records)), good_end, damage, len(data)
 
 
 def _parse_segment(data: bytes, pos: int | None = None
-                   ) -> tuple[list[LogRecord], int, _Damage | None]:
-    """Parse records from ``pos`` (default: after the magic) to the first damage."""
+                   ) -> tuple[list[tuple], int, _Damage | None]:
+    """Parse records from ``pos`` (default: after the magic) to the first damage.
+
+    Records come back as plain ``(lsn, op, key, value, expire_at)`` tuples
+    (:class:`LogRecord`'s field order). This loop is most of the cost of
+    recovery, so it does the least per record:
+
+    * The CRC input (length, LSN, payload) is the record's bytes from offset
+      8 on, seeded with the CRC of the 4 length bytes (one value per
+      distinct length, kept in a dict): one ``zlib.crc32`` call a record.
+    * Logs mostly hold runs of records of one shape (same length, same key
+      length). Once two records in a row share a shape, the rest of the run
+      is read with one precompiled struct per record (header, payload
+      fields, key and value in one C call). A record is taken there only if
+      it has that exact shape, a good CRC and a valid op, so it is one the
+      general path would take, with the same result; anything else leaves
+      the run and goes through the general path, which finds the damage.
+    """
     size = len(data)
     if pos is None:
         if size < len(MAGIC):
@@ -127,27 +153,56 @@ def _parse_segment(data: bytes, pos: int | None = None
         if data[:len(MAGIC)] != MAGIC:
             return [], 0, _Damage(0, "not a durablekv log segment (bad magic)")
         pos = len(MAGIC)
-    records: list[LogRecord] = []
+    records: list[tuple] = []
+    append = records.append
+    unpack_header, unpack_payload = HEADER.unpack_from, PAYLOAD.unpack_from
+    crc32 = _crc32
+    seeds: dict[int, int] = {}
+    shapes: dict[tuple[int, int], object] = {}
     hsize, psize = HEADER.size, PAYLOAD.size
+    key_at = hsize + psize
+    last_n = last_klen = -1
     while pos < size:
         if pos + hsize > size:
             return records, pos, _Damage(pos, "record header cut short")
-        n, crc, lsn = HEADER.unpack_from(data, pos)
+        n, crc, lsn = unpack_header(data, pos)
         if n < psize or n > _MAX_RECORD:
             return records, pos, _Damage(pos, f"impossible record length {n}")
         end = pos + hsize + n
         if end > size:
             return records, pos, _Damage(pos, f"record of {n} bytes cut short at end of file")
-        payload = data[pos + hsize:end]
-        if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) != crc:
+        seed = seeds.get(n)
+        if seed is None:
+            seed = seeds[n] = crc32(n.to_bytes(4, "little"))
+        # header = length (4) | crc (4) | lsn (8): bytes 8.. are the LSN, then the payload
+        if crc32(data[pos + 8:end], seed) != crc:
             return records, pos, _Damage(pos, f"CRC mismatch in record LSN {lsn}")
-        op, exp, klen = PAYLOAD.unpack_from(payload, 0)
-        if op not in (OP_SET, OP_DELETE, OP_CLEAR) or psize + klen > n:
+        op, exp, klen = unpack_payload(data, pos + hsize)
+        if not 0 < op < 4 or psize + klen > n:  # ops 1, 2, 3
             return records, pos, _Damage(pos, f"malformed record LSN {lsn}")
-        key = payload[psize:psize + klen]
-        value = payload[psize + klen:]
-        records.append(LogRecord(lsn, op, key, value, None if exp != exp else exp))
+        k = pos + key_at + klen
+        append((lsn, op, data[pos + key_at:k], data[k:end], None if exp != exp else exp))
         pos = end
+        if n != last_n or klen != last_klen:
+            last_n, last_klen = n, klen
+            continue
+        # A run of records of one shape: the rest of it, one struct call each.
+        unpack = shapes.get((n, klen))
+        if unpack is None:
+            if len(shapes) >= 64:
+                shapes.clear()
+            unpack = shapes[n, klen] = struct.Struct(
+                f"<IIQBdI{klen}s{n - psize - klen}s").unpack_from
+        rsize = hsize + n
+        end = pos + rsize
+        while end <= size:
+            length, crc, lsn, op, exp, key_len, key, value = unpack(data, pos)
+            if length != n or key_len != klen or not 0 < op < 4 or \
+                    crc32(data[pos + 8:end], seed) != crc:
+                break
+            append((lsn, op, key, value, None if exp != exp else exp))
+            pos = end
+            end += rsize
     return records, pos, None
 
 
@@ -195,7 +250,17 @@ def _next_intact_record(data: bytes, start: int) -> int | None:
 
 @dataclass
 class RecoveryResult:
-    records: list[LogRecord]
+    """What :meth:`ReplayLog.recover` found.
+
+    :ivar records: every intact record with LSN > the checkpoint, in LSN
+        order, as plain ``(lsn, op, key, value, expire_at)`` tuples
+        (:class:`LogRecord`'s field order).
+    :ivar torn_records: torn tails cut off (0 or 1).
+    :ivar torn_bytes: bytes cut off with them.
+    :ivar salvaged: paths of segments moved aside (``salvage=True`` only).
+    """
+
+    records: list[tuple]
     torn_records: int
     torn_bytes: int
     salvaged: list[str]
@@ -245,25 +310,38 @@ class ReplayLog:
     def recover(self, after_lsn: int, *, salvage: bool = False) -> RecoveryResult:
         """Read every segment; return records with LSN > ``after_lsn``.
 
-        Cuts a torn tail off the last segment (the file is truncated). Sealed
-        segments are remembered so that :meth:`truncate_through` can delete
-        them once a checkpoint passes them.
+        Cuts a torn tail off the last segment (the file is truncated and
+        fsynced). Every segment is remembered as sealed, so that
+        :meth:`truncate_through` deletes it only once a checkpoint passes its
+        last record: the caller may apply the records in memory and let the
+        write-behind store them later, and a crash meanwhile replays them
+        again.
+
+        Unless ``durability`` is ``"none"``, each segment holding records
+        after ``after_lsn`` is fsynced (and then the directory) before this
+        returns. Those records may have reached only the OS before the crash
+        (``log`` mode); new records go to a new segment, and a power loss
+        must not keep those while losing the older ones (that would leave an
+        LSN gap, which the next recovery refuses).
 
         :raises LogCorruptionError: a damaged record before the tail (and
             ``salvage`` is False).
+        :raises LogError: a segment holding records to replay could not be
+            fsynced.
         """
         segments = list_segments(self.directory)
-        out: list[LogRecord] = []
+        out: list[tuple] = []
         torn = torn_bytes = 0
         salvaged: list[str] = []
         self.skipped_damage = 0
         expect = None
+        synced = False
         for i, path in enumerate(segments):
             last = i == len(segments) - 1
             with open(path, "rb") as f:
                 data = f.read()
             size = len(data)
-            records: list[LogRecord] = []
+            records: list[tuple] = []
             pos: int | None = None
             while True:
                 recs, good_end, damage = _parse_segment(data, pos)
@@ -315,23 +393,51 @@ class ReplayLog:
                           "it, moved %s aside", path, damage.offset, damage.detail,
                           len(records), ", ".join(salvaged))
                 break
-            for r in records:
-                if expect is not None and r.lsn != expect and not (
-                        r.lsn > expect and r.lsn <= after_lsn + 1):
-                    if salvage:
-                        break
-                    raise LogCorruptionError(path, 0, f"LSN {r.lsn} follows {expect - 1}: "
-                                             "a segment is missing or out of order")
-                expect = r.lsn + 1
-                if r.lsn > after_lsn:
-                    out.append(r)
+            first = records[0][0] if records else None
+            if records and (expect is None or first == expect) and \
+                    list(map(_LSN_OF, records)) == list(range(first, first + len(records))):
+                # The usual case, checked in C: this segment continues the
+                # previous one and its LSNs step by one.
+                expect = first + len(records)
+                out += records[max(0, after_lsn + 1 - first):]
+            else:
+                for r in records:
+                    lsn = r[0]
+                    if expect is not None and lsn != expect and not (
+                            lsn > expect and lsn <= after_lsn + 1):
+                        if salvage:
+                            break
+                        raise LogCorruptionError(path, 0, f"LSN {lsn} follows {expect - 1}: "
+                                                 "a segment is missing or out of order")
+                    expect = lsn + 1
+                    if lsn > after_lsn:
+                        out.append(r)
             if os.path.exists(path):
-                self._sealed.append((path, records[-1].lsn if records else 0))
+                self._sealed.append((path, records[-1][0] if records else 0))
                 self._sealed_bytes += size
+                if records and records[-1][0] > after_lsn and self.durability != "none":
+                    self._sync_segment(path)
+                    synced = True
             if salvaged:
                 break
+        if synced or torn:
+            _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
         return RecoveryResult(out, torn, torn_bytes, salvaged)
+
+    def _sync_segment(self, path: str) -> None:
+        """fsync a segment found at recovery (through the :meth:`_fsync` seam)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                self._fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise LogError(f"could not fsync replay log segment {path!r} at recovery: "
+                           f"{exc.strerror or exc}; its records might not survive a power "
+                           "loss, so the cache does not open. Fix the file system and "
+                           "open it again (the log still holds every record)") from exc
 
     # -- appending -------------------------------------------------------------------
 

@@ -409,6 +409,27 @@ class SQLitePageStore:
                                   (page_id,)).fetchone()
         return row
 
+    def locate_keys(self, ckeys: Sequence[bytes]) -> dict[bytes, int]:
+        """``{canonical key: page_id}`` for those of ``ckeys`` in the key index
+        (recovery: one ``IN (...)`` lookup per :data:`_IN_BATCH` keys)."""
+        found: dict[bytes, int] = {}
+        with _translate(self.path, "key lookup"):
+            for part in _batches(ckeys):
+                found.update(self._r.execute(
+                    f"SELECT key, page_id FROM keys WHERE key IN ({_marks(len(part))})", part))
+        return found
+
+    def read_pages(self, page_ids: Sequence[int]) -> dict[int, tuple[int, bytes]]:
+        """``{page_id: (n_entries, blob)}`` for those of ``page_ids`` that exist."""
+        pages: dict[int, tuple[int, bytes]] = {}
+        with _translate(self.path, "page read"):
+            for part in _batches(page_ids):
+                for pid, n, data in self._r.execute(
+                        "SELECT page_id, n_entries, data FROM pages WHERE page_id IN "
+                        f"({_marks(len(part))})", part):
+                    pages[pid] = (n, data)
+        return pages
+
     def scan_index(self) -> Iterator[tuple[bytes, bytes | None, int, float | None]]:
         """Every committed index row ``(key, orig, page_id, expire_at)``."""
         with _translate(self.path, "index scan"):
@@ -537,6 +558,20 @@ def _check_header(path: str) -> None:
     if not wal_pending and valid_for == change and n_pages and size < n_pages * page:
         raise CorruptStoreError(path, f"the file is {size} bytes but its header says "
                                 f"{n_pages} pages of {page} bytes (truncated)")
+
+
+#: Parameters per ``IN (...)`` statement: far below SQLite's limit on
+#: variables (999 before 3.32), large enough that a statement costs little.
+_IN_BATCH = 500
+
+
+def _batches(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), _IN_BATCH):
+        yield items[i:i + _IN_BATCH]
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
 
 
 def _norm_codec(name: str) -> str:

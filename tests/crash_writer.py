@@ -16,6 +16,9 @@ after which the process pauses briefly:
     txn        "T": inside a flush's SQLite transaction, before COMMIT
     truncate   "U": while the log is being cut back after a checkpoint
     recovery   "R": while recovery re-applies log records at open
+    noflush    no marker; the writer never flushes (everything stays in the log)
+    replayflush "P": inside the 1st to 5th flush transaction that recovery,
+               short of memory (3 pages, at most 1 waiting), waits for
 """
 
 from __future__ import annotations
@@ -59,8 +62,33 @@ def main() -> None:
         pause_at(ReplayLog, "truncate_through", "U", every=rng.randrange(3, 20))
     elif mode == "recovery":
         pause_at(Cache, "_replay", "R", every=1)
-    cache = Cache(directory, page_size=4, max_pages=3, flush_interval=0.005,
-                  flush_batch_pages=2, durability=durability, segment_bytes=4096)
+    opts = dict(flush_interval=0.005, flush_batch_pages=2)
+    if mode == "noflush":
+        opts = dict(flush_interval=3600, flush_batch_pages=10**6, max_pending_pages=10**6)
+    elif mode == "replayflush":
+        opts["max_pending_pages"] = 1
+        replaying = [False]
+        commits, nth = [0], rng.randrange(1, 6)  # earlier commits hold part of the replay
+        real_replay, real_commit = Cache._replay, SQLitePageStore._commit
+
+        def replay(self, records):
+            replaying[0] = True
+            try:
+                return real_replay(self, records)
+            finally:
+                replaying[0] = False
+
+        def commit(self, conn):
+            if replaying[0]:
+                commits[0] += 1
+                if commits[0] == nth:
+                    say("P")
+                    time.sleep(0.2)
+            return real_commit(self, conn)
+
+        Cache._replay, SQLitePageStore._commit = replay, commit
+    cache = Cache(directory, page_size=4, max_pages=3, durability=durability,
+                  segment_bytes=4096, **opts)
     say("READY")
     for i in range(10**9):
         key = f"k{rng.randrange(200)}"

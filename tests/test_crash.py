@@ -26,7 +26,7 @@ WRITER = Path(__file__).with_name("crash_writer.py")
 REPO = Path(__file__).resolve().parents[1]
 
 
-MARKERS = {"txn": "T", "truncate": "U", "recovery": "R"}
+MARKERS = {"txn": "T", "truncate": "U", "recovery": "R", "replayflush": "P"}
 
 
 def run_writer_and_kill(directory: Path, seed: int, durability: str, kill_after: float,
@@ -124,13 +124,17 @@ def _diff(model: dict, actual: dict) -> str:
 
 
 def crash_cycles(tmp_path: Path, durability: str, cycles: int, seed: int,
-                 modes=("random", "txn", "recovery", "truncate", "random", "recovery")):
+                 modes=("random", "txn", "recovery", "truncate", "random", "recovery",
+                        "replayflush")):
     """Run ``cycles`` write-kill-verify rounds on one directory; return
     (acknowledged calls, keys checked, kills by where they landed).
 
     A "recovery" round first kills a writer at random (leaving log records
     behind the checkpoint), then kills the next writer while it replays them,
-    before anything verifies the directory.
+    before anything verifies the directory. A "replayflush" round first kills
+    a writer that never flushed (the whole log to replay), then kills the
+    next one inside a flush that its recovery, short of memory, waits for
+    (part of the recovered state in SQLite, the checkpoint not moved).
     """
     rng = random.Random(seed)
     directory = tmp_path / "cache"
@@ -140,11 +144,12 @@ def crash_cycles(tmp_path: Path, durability: str, cycles: int, seed: int,
     kills: dict[str, int] = {}
     for cycle in range(cycles):
         mode = modes[cycle % len(modes)]
-        rounds = ["random", "recovery"] if mode == "recovery" else [mode]
+        rounds = {"recovery": ["random", "recovery"],
+                  "replayflush": ["noflush", "replayflush"]}.get(mode, [mode])
         for i, m in enumerate(rounds):
             lines = run_writer_and_kill(directory, seed * 1000 + cycle * 10 + i, durability,
                                         kill_after=rng.uniform(0.02, 0.6), mode=m)
-            landed = m if MARKERS.get(m) in lines or m == "random" else "random"
+            landed = m if MARKERS.get(m) in lines or m in ("random", "noflush") else "random"
             kills[landed] = kills.get(landed, 0) + 1
             acked_total += apply_lines(model, uncertain, lines)
         checked += verify(directory, model, uncertain)
@@ -158,7 +163,7 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path, durability):
     acked, checked, kills = crash_cycles(tmp_path, durability, cycles=24, seed=7)
     assert acked > 50 * 24, "the writer must have done real work before the kills"
     assert kills.get("txn", 0) >= 2 and kills.get("truncate", 0) >= 2, kills
-    assert kills.get("recovery", 0) >= 2, kills
+    assert kills.get("recovery", 0) >= 2 and kills.get("replayflush", 0) >= 2, kills
     print(f"{durability}: 24 cycles, {acked} acknowledged calls, {checked} key checks, "
           f"kills {kills}, 0 lost")
 

@@ -116,6 +116,29 @@ def test_power_loss_log_mode_store_consistent_at_any_moment(tmp_path, monkeypatc
         assert check_directory(str(d)).ok
 
 
+@pytest.mark.parametrize("mode", ["log", "fsync"])
+def test_power_loss_after_a_recovery_that_did_not_flush(tmp_path, monkeypatch, mode):
+    """Records recovered from a killed ``log``-mode process may sit unsynced in
+    the OS; open no longer stores them in SQLite before returning, so recovery
+    fsyncs their segments. A power loss after more (synced) writes in the new
+    segment then loses nothing and leaves no LSN gap."""
+    pl = PowerLossLog(monkeypatch)
+    d = tmp_path / "c"
+    cache = Cache(d, durability="log", segment_bytes=2048, **NEVER)
+    for i in range(100):
+        cache[f"a{i}"] = i
+    last = os.path.realpath(list_segments(str(d))[-1])
+    cache._teardown(clean=False)  # killed: the open segment was never fsynced
+    assert len(list_segments(str(d))) > 2 and last not in pl.synced
+    cache = Cache(d, durability=mode, segment_bytes=2048, **NEVER)
+    assert cache.stats().flushes == 0 and cache.stats().checkpoint_lsn == 0
+    cache["b"] = 1
+    cache._log.sync()
+    pl.power_loss(cache)
+    assert contents(d) == {**{f"a{i}": i for i in range(100)}, "b": 1}
+    assert check_directory(str(d)).ok
+
+
 def test_group_commit_shares_fsyncs(tmp_path, monkeypatch):
     pl = PowerLossLog(monkeypatch)
     cache = Cache(tmp_path / "c", durability="fsync", **NEVER)

@@ -74,3 +74,12 @@ def test_clear_resets_the_filter(tmp_path):
         assert cache.get(5) is None and len(calls) == 0
         cache[5] = "again"
         assert cache[5] == "again"
+
+
+def test_add_many_sets_the_same_bits_as_add():
+    keys = [f"k{i}".encode() for i in range(5000)] + [b"", b"s\x00\x00\x00\x00"]
+    one, many = KeyFilter(3000), KeyFilter(3000)
+    for k in keys:
+        one.add(k)
+    many.add_many(iter(keys))
+    assert many.bits == one.bits and many.added == one.added == len(keys)

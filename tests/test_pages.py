@@ -312,3 +312,70 @@ def test_spilled_pages_read_back_after_flush_and_restart(tmp_path, page_size, ma
         assert c.stats().resident_pages == 0         # nothing is read at open
         assert all(c[i] == str(i) for i in range(n))
         assert len(c) == n
+
+
+# -- MemoryTier.insert_many (recovery) against insert one key at a time ------------------
+
+
+def tier_state(tier: MemoryTier) -> dict:
+    """Everything observable about a tier but the version counters (insert
+    bumps them per key, insert_many per page)."""
+    return dict(
+        table={k: (p.page_id, s) for k, (p, s) in tier.table.items()},
+        pages={pid: (list(p.keys), list(p.values), list(p.expires), p.used, p.nbytes,
+                     list(p.free_slots), p.state, p.dirty_lsn)
+               for pid, p in tier.pages.items()},
+        lru=resident_ids(tier), dirty=list(tier.dirty), pending=tier.pending,
+        evictions=tier.evictions, free=list(tier.free), next_page_id=tier.next_page_id,
+        open_page=None if tier.open_page is None else tier.open_page.page_id)
+
+
+@settings(max_examples=300, deadline=None)
+@given(page_size=st.integers(1, 5), max_pages=st.integers(1, 4),
+       setup=st.lists(st.tuples(st.sampled_from(["ins", "rm", "flush"]), st.integers(0, 20),
+                                st.integers(1, 60)), max_size=40),
+       sizes=st.lists(st.integers(1, 60), max_size=40),
+       budgets=st.lists(st.integers(1, 3), min_size=1, max_size=6))
+def test_insert_many_matches_insert_one_at_a_time(page_size, max_pages, setup, sizes, budgets):
+    """Same pages, slots, byte counts, LRU order, evictions, pending pages,
+    free list and dirty LSNs, from any tier history (free slots in any order,
+    emptied pages on the free list, stale byte counts), with a byte limit
+    that splits pages, in several calls bounded by a page budget."""
+    from unittest import mock
+
+    import durablekv.pages as pages
+
+    def build() -> MemoryTier:
+        t = MemoryTier(page_size=page_size, max_pages=max_pages)
+        for op, n, nbytes in setup:
+            key = f"s{n}"
+            if op == "ins" and key not in t.table:
+                t.insert(key, n, None, 0.0, 1, nbytes)
+            elif op == "rm" and key in t.table:
+                t.remove(key, 0.0, 2)
+            elif op == "flush":
+                flush_all(t)
+        return t
+
+    keys = [f"new{i}" for i in range(len(sizes))]
+    held = [i * 10 for i in range(len(sizes))]
+    expires = [None if i % 3 else 50.0 + i for i in range(len(sizes))]
+    with mock.patch.object(pages, "PAGE_BYTES_LIMIT", 100):
+        one, many = build(), build()
+        for k, h, e, nb in zip(keys, held, expires, sizes):
+            one.insert(k, h, e, 0.0, 7, nb)
+        pos, calls = 0, 0
+        while pos < len(keys):
+            end = many.insert_many(keys, held, expires, sizes, 0.0, 7, pos,
+                                   budgets[calls % len(budgets)])
+            assert end > pos
+            pos, calls = end, calls + 1
+    assert tier_state(many) == tier_state(one)
+
+
+def test_insert_many_without_a_budget_takes_everything():
+    t = MemoryTier(page_size=4, max_pages=100)
+    keys = [f"k{i}" for i in range(37)]
+    assert t.insert_many(keys, keys, [None] * 37, [10] * 37, 0.0, 5) == 37
+    assert len(t.table) == 37 and len(t.pages) == 10 and len(t.dirty) == 10
+    assert all(p.dirty_lsn == 5 for p in t.pages.values())
