@@ -60,8 +60,8 @@ from .errors import ConfigError, CorruptStoreError, SchemaVersionError, StoreErr
 
 log = logging.getLogger("durablekv.store")
 
-__all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "split_page", "page_layout",
-           "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS", "migration_files",
+__all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "split_page",
+           "page_layout", "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS", "migration_files",
            "STORE_FILE"]
 
 STORE_FILE = "pages.sqlite3"
