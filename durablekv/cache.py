@@ -162,7 +162,7 @@ class _Snapshot:
             ttl += ttl_n - stored_ttl
             data = encode_page(entries)
             self.built[i] = (n, ttl_n, len(data))
-            images.append(PageImage(page.page_id, n, ttl_n, data, rows))
+            images.append(PageImage(page.page_id, n, ttl_n, data, rows, stored_n > 0))
         checkpoint = self.checkpoint_lsn
         for j in uncommitted:
             lsn = self.items[j][9]

@@ -65,6 +65,10 @@ class PageImage:
     :ivar index_rows: ``(canonical_key, expire_at, orig_or_None)`` for every
         entry when the page's key set changed since it was last stored, else
         None (value-only change: the index is left alone).
+    :ivar stored: the store may hold this page (a committed row and index
+        rows). False only for a page id that has no committed rows (never
+        stored, or committed empty since): its index rows are inserted
+        without reading or deleting anything first.
     """
 
     page_id: int
@@ -72,6 +76,7 @@ class PageImage:
     ttl_n: int
     data: bytes
     index_rows: Sequence[tuple[bytes, float | None, bytes | None]] | None
+    stored: bool = True
 
 
 def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> bytes:
@@ -221,6 +226,9 @@ class SQLitePageStore:
             raise StoreError(f"could not put {self.path!r} in WAL mode (got {mode!r}); "
                              "the file system may not support shared memory", self.path)
         conn.execute("PRAGMA synchronous = " + ("NORMAL" if durability == "none" else "FULL"))
+        getlimit = getattr(conn, "getlimit", None)  # Python 3.11+
+        self._variable_limit = (getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+                                if getlimit is not None else 999)
         return conn
 
     def _migrate(self) -> None:
@@ -324,6 +332,12 @@ class SQLitePageStore:
                     ttl_key_count: int, clear: bool = False) -> None:
         """Write pages, index changes and the checkpoint LSN in ONE transaction.
 
+        Index rows are written as changes only: a page never stored before
+        (``PageImage.stored`` false) inserts its rows; a stored page whose
+        key set changed reads its committed rows (``keys_by_page``) and
+        deletes, inserts or updates only the ones that differ. Rows go in
+        many per statement (see :meth:`_insert_many`).
+
         :param clear: delete every page and index row first (``Cache.clear()``).
         :raises StoreError: the transaction failed and was rolled back.
         """
@@ -334,20 +348,35 @@ class SQLitePageStore:
                 if clear:
                     conn.execute("DELETE FROM pages")
                     conn.execute("DELETE FROM keys")
+                upserts: list[Any] = []   # key, page_id, expire_at, orig, key, ...
+                gone: list[tuple[bytes, int]] = []   # (key, page_id) rows to delete
+                emptied: list[tuple[int]] = []       # pages to delete with their rows
+                page_rows: list[Any] = []  # page_id, n_entries, data, page_id, ...
                 for img in images:
-                    if img.index_rows is not None:
-                        conn.execute("DELETE FROM keys WHERE page_id = ?", (img.page_id,))
-                        if img.index_rows:
-                            pid = img.page_id
-                            conn.executemany(
-                                "INSERT OR REPLACE INTO keys (key, page_id, expire_at, orig) "
-                                "VALUES (?, ?, ?, ?)",
-                                [(k, pid, e, o) for k, e, o in img.index_rows])
-                    if img.n:
-                        conn.execute("INSERT OR REPLACE INTO pages (page_id, n_entries, data) "
-                                     "VALUES (?, ?, ?)", (img.page_id, img.n, img.data))
+                    pid = img.page_id
+                    stored = img.stored and not clear
+                    rows = img.index_rows
+                    if not img.n:
+                        if stored:
+                            emptied.append((pid,))
+                        continue
+                    page_rows += (pid, img.n, img.data)
+                    if rows is None:
+                        continue
+                    if stored:
+                        self._index_changes(conn, pid, rows, upserts, gone)
                     else:
-                        conn.execute("DELETE FROM pages WHERE page_id = ?", (img.page_id,))
+                        for k, e, o in rows:
+                            upserts += (k, pid, e, o)
+                if emptied:
+                    conn.executemany("DELETE FROM keys WHERE page_id = ?", emptied)
+                    conn.executemany("DELETE FROM pages WHERE page_id = ?", emptied)
+                if gone:
+                    conn.executemany("DELETE FROM keys WHERE key = ? AND page_id = ?", gone)
+                self._insert_many(conn, "INSERT OR REPLACE INTO keys "
+                                  "(key, page_id, expire_at, orig) VALUES ", 4, upserts)
+                self._insert_many(conn, "INSERT OR REPLACE INTO pages "
+                                  "(page_id, n_entries, data) VALUES ", 3, page_rows)
                 conn.executemany("UPDATE meta SET value = ? WHERE name = ?",
                                  [(checkpoint_lsn, "checkpoint_lsn"), (key_count, "key_count"),
                                   (ttl_key_count, "ttl_key_count")])
@@ -359,6 +388,51 @@ class SQLitePageStore:
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
+
+    @staticmethod
+    def _index_changes(conn: sqlite3.Connection, pid: int,
+                       rows: Sequence[tuple[bytes, float | None, bytes | None]],
+                       upserts: list[Any], gone: list[tuple[bytes, int]]) -> None:
+        """Add to ``upserts``/``gone`` what turns page ``pid``'s committed index
+        rows into ``rows`` (a page that only grew inserts just its new keys)."""
+        have = {k: (e, o) for k, e, o in conn.execute(
+            "SELECT key, expire_at, orig FROM keys WHERE page_id = ?", (pid,))}
+        for k, e, o in rows:
+            old = have.pop(k, None)
+            if old is None or old[0] != e or old[1] != o:
+                upserts += (k, pid, e, o)
+        for k in have:
+            gone.append((k, pid))
+
+    def _insert_many(self, conn: sqlite3.Connection, head: str, width: int,
+                     flat: list[Any]) -> None:
+        """Run ``head`` + ``(?, ...)`` rows over ``flat`` (``width`` values a
+        row), many rows per statement.
+
+        ``executemany`` steps once per row, and Python's sqlite3 releases and
+        takes back the GIL around every step: with writers running, each row
+        then costs two thread hand-offs. A multi-row VALUES statement does
+        hundreds of rows in one step. Statements hold a power of two of rows
+        (the largest within SQLite's bound-parameter limit, at most
+        ``_ROWS_PER_STATEMENT``), so a batch uses a few cached statements."""
+        n = len(flat) // width
+        i = 0
+        rows = self._max_rows(width)
+        while n:
+            while rows > n:
+                rows >>= 1
+            sql = _values_sql(head, width, rows)
+            end = i + rows * width
+            conn.execute(sql, flat[i:end])
+            i = end
+            n -= rows
+
+    def _max_rows(self, width: int) -> int:
+        limit = self._variable_limit
+        rows = _ROWS_PER_STATEMENT
+        while rows > 1 and rows * width > limit:
+            rows >>= 1
+        return rows
 
     def _commit(self, conn: sqlite3.Connection) -> None:
         """Commit the flush transaction (a seam: crash tests stop the process here)."""
@@ -416,6 +490,20 @@ def _check_header(path: str) -> None:
     if not wal_pending and valid_for == change and n_pages and size < n_pages * page:
         raise CorruptStoreError(path, f"the file is {size} bytes but its header says "
                                 f"{n_pages} pages of {page} bytes (truncated)")
+
+
+#: Most rows in one multi-row INSERT (see SQLitePageStore._insert_many).
+_ROWS_PER_STATEMENT = 256
+_SQL_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def _values_sql(head: str, width: int, rows: int) -> str:
+    key = (head, width, rows)
+    sql = _SQL_CACHE.get(key)
+    if sql is None:
+        row = "(" + ", ".join("?" * width) + ")"
+        sql = _SQL_CACHE[key] = head + ", ".join([row] * rows)
+    return sql
 
 
 def _norm_codec(name: str) -> str:
