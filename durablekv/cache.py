@@ -133,9 +133,12 @@ class _Snapshot:
         """Encode items ``indices`` (all when None). ``uncommitted`` are the
         other items not committed yet: the checkpoint stays below their changes.
         A pending clear goes with the first batch built after it."""
-        to_blob = self.cache._codec.to_blob
+        codec = self.cache._codec
+        to_blob = codec.to_blob
+        raw_bytes = type(codec) is _codec.SafeCodec  # a bytes value is held as itself
         encode_key = _codec.encode_key
         canonical_key = _codec.canonical_key
+        pack = _U32_PACK
         store = self.cache._store
         clear = self.clear
         count, ttl = (0, 0) if clear else (store.key_count, store.ttl_key_count)
@@ -150,12 +153,24 @@ class _Snapshot:
                 if k is EMPTY:
                     continue
                 e = expires[slot]
-                kb = encode_key(k)
-                entries.append((slot, kb, to_blob(values[slot]), e))
+                # str keys and bytes values inline encode_key/to_blob (same
+                # bytes); a str key is its own canonical form.
+                if type(k) is str:
+                    kb = k.encode("utf-8", "surrogatepass")
+                    kb = ck = b"s" + pack(len(kb)) + kb
+                else:
+                    kb = encode_key(k)
+                    ck = None
+                v = values[slot]
+                if raw_bytes and type(v) is bytes:
+                    entries.append((slot, kb, b"b" + pack(len(v)) + v, e))
+                else:
+                    entries.append((slot, kb, to_blob(v), e))
                 if e is not None:
                     ttl_n += 1
                 if rows is not None:
-                    ck = canonical_key(k)
+                    if ck is None:
+                        ck = canonical_key(k)
                     rows.append((ck, e, None if ck == kb else kb))
             n = len(entries)
             count += n - stored_n

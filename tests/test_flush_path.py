@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from durablekv import Cache
+from durablekv import codec as kvcodec
 from durablekv.check import CheckResult, _check_store
-from durablekv.store import PageImage, SQLitePageStore
+from durablekv.pages import EMPTY
+from durablekv.store import PageImage, SQLitePageStore, encode_page
 
-from .conftest import Clock
+from .conftest import Clock, opened
 
 
 # -- the store on its own ------------------------------------------------------------------
@@ -190,6 +192,41 @@ def test_index_matches_a_model_after_any_batches(tmp_path_factory, batches, limi
             assert _pages(store) == pages
     finally:
         store.close()
+
+
+# -- the cache: what a flush builds ----------------------------------------------------
+
+_ODD_KEYS = ["plain", "", "ünïcödé", "\ud800 lone surrogate", b"bytes", b"", 7, -1, 2 ** 70,
+             1.5, 2.0, True, None, (1, "x", (2.0, b"y")), ()]
+_ODD_VALUES = [b"raw", b"", "text", 1, 2.5, None, True, [1, 2], {"a": (1, b"b")}, (1,), 2 ** 80]
+
+
+@pytest.mark.parametrize("serializer", ["safe", "pickle"])
+def test_built_pages_and_index_rows_match_the_codec(tmp_path, serializer):
+    """The flush's inlined encodings (str keys, bytes values) give exactly
+    the bytes of ``encode_key``/``to_blob``/``canonical_key``."""
+    with opened(tmp_path / "c", page_size=4, flush_batch_pages=10_000,
+                serializer=serializer) as cache:
+        for i, k in enumerate(_ODD_KEYS):
+            cache[k] = _ODD_VALUES[i % len(_ODD_VALUES)]
+        snap = cache.take_snapshot()
+        try:
+            batch = snap.build()
+        finally:
+            cache.flush_failed(snap)
+        codec = cache._codec
+        for item, img in zip(snap.items, batch.images):
+            keys, values, expires = item[4], item[5], item[6]
+            entries, rows = [], []
+            for slot, k in enumerate(keys):
+                if k is EMPTY:
+                    continue
+                kb, ck = kvcodec.encode_key(k), kvcodec.canonical_key(k)
+                entries.append((slot, kb, codec.to_blob(values[slot]), expires[slot]))
+                rows.append((ck, expires[slot], None if ck == kb else kb))
+            assert img.data == encode_page(entries)
+            assert list(img.index_rows) == rows
+            assert img.stored is False
 
 
 # -- the cache: index and pages agree after every flush ---------------------------------
