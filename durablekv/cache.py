@@ -143,6 +143,7 @@ class _Snapshot:
         clear = self.clear
         count, ttl = (0, 0) if clear else (store.key_count, store.ttl_key_count)
         images = []
+        rewritten = 0
         for i in (range(len(self.items)) if indices is None else indices):
             (page, _v, _kv, index_changed, keys, values, expires, stored_n, stored_ttl,
              _lsn) = self.items[i]
@@ -178,12 +179,14 @@ class _Snapshot:
             data = encode_page(entries)
             self.built[i] = (n, ttl_n, len(data))
             images.append(PageImage(page.page_id, n, ttl_n, data, rows, stored_n > 0))
+            if stored_n:
+                rewritten += 1
         checkpoint = self.checkpoint_lsn
         for j in uncommitted:
             lsn = self.items[j][9]
             if lsn is not None:
                 checkpoint = min(checkpoint, lsn - 1)
-        return Batch(images, checkpoint, count, ttl, clear)
+        return Batch(images, checkpoint, count, ttl, clear, rewritten)
 
 
 class Cache(MutableMapping):
@@ -1118,6 +1121,11 @@ class Cache(MutableMapping):
                 snap.clear = False  # committed with these pages
                 if self._clear_lsn == snap.clear_lsn:
                     self._clear_pending = False
+            if len(tier.dirty) >= self.flush_batch_pages:
+                # Pages dirtied while this flush ran: the writers' kick came
+                # only if the count passed flush_batch_pages exactly, which it
+                # does not while the flushed pages are still counted.
+                self._batcher.kick()
             self._cond.notify_all()
 
     def flush_failed(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
