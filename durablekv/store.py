@@ -30,7 +30,9 @@ place, :func:`_translate`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import operator
 import os
 import sqlite3
 import struct
@@ -348,10 +350,10 @@ class SQLitePageStore:
                 if clear:
                     conn.execute("DELETE FROM pages")
                     conn.execute("DELETE FROM keys")
-                upserts: list[Any] = []   # key, page_id, expire_at, orig, key, ...
+                upserts: list[tuple] = []   # (key, page_id, expire_at, orig) to write
                 gone: list[tuple[bytes, int]] = []   # (key, page_id) rows to delete
                 emptied: list[tuple[int]] = []       # pages to delete with their rows
-                page_rows: list[Any] = []  # page_id, n_entries, data, page_id, ...
+                page_rows: list[tuple] = []          # (page_id, n_entries, data)
                 for img in images:
                     pid = img.page_id
                     stored = img.stored and not clear
@@ -360,19 +362,24 @@ class SQLitePageStore:
                         if stored:
                             emptied.append((pid,))
                         continue
-                    page_rows += (pid, img.n, img.data)
+                    page_rows.append((pid, img.n, img.data))
                     if rows is None:
                         continue
                     if stored:
                         self._index_changes(conn, pid, rows, upserts, gone)
                     else:
-                        for k, e, o in rows:
-                            upserts += (k, pid, e, o)
+                        upserts += [(k, pid, e, o) for k, e, o in rows]
                 if emptied:
                     conn.executemany("DELETE FROM keys WHERE page_id = ?", emptied)
                     conn.executemany("DELETE FROM pages WHERE page_id = ?", emptied)
                 if gone:
                     conn.executemany("DELETE FROM keys WHERE key = ? AND page_id = ?", gone)
+                # In key order, rows that share a B-tree leaf go in one after
+                # another: with random keys and an index larger than SQLite's
+                # cache, each leaf is then read and written once per flush,
+                # not once per row (already sorted input costs one pass).
+                upserts.sort(key=_first)
+                page_rows.sort(key=_first)
                 self._insert_many(conn, "INSERT OR REPLACE INTO keys "
                                   "(key, page_id, expire_at, orig) VALUES ", 4, upserts)
                 self._insert_many(conn, "INSERT OR REPLACE INTO pages "
@@ -392,7 +399,7 @@ class SQLitePageStore:
     @staticmethod
     def _index_changes(conn: sqlite3.Connection, pid: int,
                        rows: Sequence[tuple[bytes, float | None, bytes | None]],
-                       upserts: list[Any], gone: list[tuple[bytes, int]]) -> None:
+                       upserts: list[tuple], gone: list[tuple[bytes, int]]) -> None:
         """Add to ``upserts``/``gone`` what turns page ``pid``'s committed index
         rows into ``rows`` (a page that only grew inserts just its new keys)."""
         have = {k: (e, o) for k, e, o in conn.execute(
@@ -400,14 +407,14 @@ class SQLitePageStore:
         for k, e, o in rows:
             old = have.pop(k, None)
             if old is None or old[0] != e or old[1] != o:
-                upserts += (k, pid, e, o)
+                upserts.append((k, pid, e, o))
         for k in have:
             gone.append((k, pid))
 
     def _insert_many(self, conn: sqlite3.Connection, head: str, width: int,
-                     flat: list[Any]) -> None:
-        """Run ``head`` + ``(?, ...)`` rows over ``flat`` (``width`` values a
-        row), many rows per statement.
+                     rows: list[tuple]) -> None:
+        """Run ``head`` + ``(?, ...)`` over ``rows`` (``width`` values each),
+        many rows per statement.
 
         ``executemany`` steps once per row, and Python's sqlite3 releases and
         takes back the GIL around every step: with writers running, each row
@@ -415,17 +422,19 @@ class SQLitePageStore:
         hundreds of rows in one step. Statements hold a power of two of rows
         (the largest within SQLite's bound-parameter limit, at most
         ``_ROWS_PER_STATEMENT``), so a batch uses a few cached statements."""
-        n = len(flat) // width
+        if not rows:
+            return
+        flat = list(_chain(rows))
+        n = len(rows)
         i = 0
-        rows = self._max_rows(width)
+        per = self._max_rows(width)
         while n:
-            while rows > n:
-                rows >>= 1
-            sql = _values_sql(head, width, rows)
-            end = i + rows * width
-            conn.execute(sql, flat[i:end])
+            while per > n:
+                per >>= 1
+            end = i + per * width
+            conn.execute(_values_sql(head, width, per), flat[i:end])
             i = end
-            n -= rows
+            n -= per
 
     def _max_rows(self, width: int) -> int:
         limit = self._variable_limit
@@ -494,6 +503,8 @@ def _check_header(path: str) -> None:
 
 #: Most rows in one multi-row INSERT (see SQLitePageStore._insert_many).
 _ROWS_PER_STATEMENT = 256
+_first = operator.itemgetter(0)
+_chain = itertools.chain.from_iterable
 _SQL_CACHE: dict[tuple[str, int, int], str] = {}
 
 

@@ -138,6 +138,25 @@ def test_key_moving_between_pages_in_one_batch(tmp_path, order):
     store.close()
 
 
+def test_index_rows_go_in_in_key_order(tmp_path):
+    """Random keys spread over pages are inserted sorted, so rows that share
+    a B-tree leaf are written one after another."""
+    import random
+    store = _store(tmp_path, variable_limit=40)
+    keys = [b"%016x" % random.Random(3).getrandbits(64) for _ in range(100)]
+    keys = list(dict.fromkeys(keys))
+    conn = store._w
+    conn.execute("CREATE TEMP TABLE inserted (key BLOB)")
+    conn.execute("CREATE TEMP TRIGGER log_ins AFTER INSERT ON main.keys "
+                 "BEGIN INSERT INTO inserted VALUES (new.key); END")
+    pages = [_img(1 + i // 8, [(k, None, None) for k in keys[i:i + 8]], stored=False)
+             for i in range(0, len(keys), 8)]
+    _write(store, *pages)
+    got = [r[0] for r in conn.execute("SELECT key FROM inserted ORDER BY rowid")]
+    assert got == sorted(keys)
+    store.close()
+
+
 @pytest.mark.parametrize("limit", [7, 999, 32766])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 63, 64, 65, 255, 256, 257, 1000])
 def test_rows_in_any_number_are_all_written(tmp_path, limit, n):
