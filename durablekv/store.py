@@ -196,6 +196,10 @@ class SQLitePageStore:
         try:
             with _translate(self.path, "open"):
                 self._w = self._connect(durability, busy_timeout)
+                getlimit = getattr(self._w, "getlimit", None)  # Python 3.11+
+                # bound parameters a statement may have (999 in SQLite < 3.32)
+                self._variable_limit = (getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+                                        if getlimit is not None else 999)
                 self._migrate()
                 self._settings(page_size, serializer)
                 self._r = self._connect(durability, busy_timeout)
@@ -228,9 +232,6 @@ class SQLitePageStore:
             raise StoreError(f"could not put {self.path!r} in WAL mode (got {mode!r}); "
                              "the file system may not support shared memory", self.path)
         conn.execute("PRAGMA synchronous = " + ("NORMAL" if durability == "none" else "FULL"))
-        getlimit = getattr(conn, "getlimit", None)  # Python 3.11+
-        self._variable_limit = (getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-                                if getlimit is not None else 999)
         return conn
 
     def _migrate(self) -> None:
