@@ -12,9 +12,15 @@ dirty, or a writer meets back-pressure), or when :meth:`flush_until` waits.
 
 Duty cycle: re-encoding many hot pages costs Python time that writers pay
 for too (the GIL). After a flush that took ``t`` seconds, the next one that
-nobody is waiting for starts no sooner than ``duty_ratio * t`` seconds
-later, so the batcher takes at most about ``1 / (1 + duty_ratio)`` of the
-time (25 % by default); writes to hot pages coalesce longer instead. The
+nobody is waiting for starts no sooner than ``duty_ratio * t * share``
+seconds later, where ``share`` is the part of the flush's pages that had
+been stored before (``Batch.rewritten``): rewriting hot pages is what waiting
+saves, so with only hot pages the batcher takes at most about
+``1 / (1 + duty_ratio)`` of the time (25 % by default) and their writes
+coalesce longer instead. Pages written for the first time (new keys filling
+new pages) cost the same whenever they are written, and waiting would only
+leave SQLite idle while writers run into back-pressure: a flush of such
+pages is followed by the next one as soon as enough pages are dirty. The
 replay log is still fsynced every ``interval`` (durability ``log``), and a
 :meth:`flush_until` or back-pressure (``kick(urgent=True)``) flushes at once.
 
@@ -70,13 +76,18 @@ _REAL = (time.monotonic, time.perf_counter)
 
 @dataclass
 class Batch:
-    """What one flush transaction writes (built outside the cache's lock)."""
+    """What one flush transaction writes (built outside the cache's lock).
+
+    ``rewritten``: how many of ``images`` had been stored before (the
+    duty cycle waits in proportion to them; see the module docstring).
+    """
 
     images: Sequence[Any]
     checkpoint_lsn: int
     key_count: int
     ttl_key_count: int
     clear: bool = False
+    rewritten: int = 0
 
 
 class _Snapshot(Protocol):
@@ -122,6 +133,8 @@ class WriteBehindBatcher:
         self.flush_pages = Histogram(FLUSH_PAGES_BUCKETS)
         self.flushes = 0
         self.flushed_pages = 0
+        self._cycle_pages = 0       # pages / rewritten pages committed by this cycle
+        self._cycle_rewritten = 0
         self._thread = threading.Thread(target=self._run, name=f"durablekv-batcher[{name}]",
                                         daemon=True)
 
@@ -200,7 +213,7 @@ class WriteBehindBatcher:
     def _run(self) -> None:
         backoff = 0.0
         monotonic = _REAL[0]
-        next_flush = 0.0
+        next_flush = last_sync = 0.0
         while True:
             self._wake.wait(backoff or self._interval)
             self._wake.clear()
@@ -212,18 +225,22 @@ class WriteBehindBatcher:
             if not urgent and not backoff and monotonic() < next_flush:
                 # Duty-cycle pause: pages wait, the log is fsynced on time.
                 self._cooling = True
-                if self._log is not None and self._sync_log:
+                # (A wake right after a cycle, which has just synced, skips it.)
+                if self._log is not None and self._sync_log and \
+                        monotonic() - last_sync >= self._interval / 2:
+                    last_sync = monotonic()
                     try:
                         self._log.sync()
                     except OSError as exc:
                         log.error("fsync of the replay log of %s failed: %r", self._path, exc)
                 continue
             self._cooling = False
-            started = monotonic()
+            started = last_sync = monotonic()
+            self._cycle_pages = self._cycle_rewritten = 0
             try:
                 self._source.background_work()
                 self._cycle()
-                next_flush = monotonic() + self._duty_ratio * (monotonic() - started)
+                next_flush = monotonic() + self.pause_after(monotonic() - started)
             except BaseException as exc:  # noqa: BLE001 - reported to flush() callers
                 with self._cond:
                     self._errors += 1
@@ -240,6 +257,13 @@ class WriteBehindBatcher:
                     self._failing = False
                     self._cycles += 1
                     self._cond.notify_all()
+
+    def pause_after(self, seconds: float) -> float:
+        """Seconds the next unrequested cycle waits after a cycle that took
+        ``seconds`` (the duty cycle, in proportion to the rewritten pages)."""
+        if not self._cycle_pages:
+            return self._duty_ratio * seconds
+        return self._duty_ratio * seconds * self._cycle_rewritten / self._cycle_pages
 
     def run_cycle(self) -> None:
         """Run one cycle in the calling thread (for tests and open-time recovery,
@@ -281,6 +305,8 @@ class WriteBehindBatcher:
             self.flush_pages.observe(len(batch.images))
             self.flushes += 1
             self.flushed_pages += len(batch.images)
+            self._cycle_pages += len(batch.images)
+            self._cycle_rewritten += batch.rewritten
         self._source.flush_done(snap, indices)
         with self._cond:
             self._durable_lsn = max(self._durable_lsn, self._store.checkpoint_lsn)

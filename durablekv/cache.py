@@ -166,13 +166,17 @@ class _Snapshot:
         """Encode items ``indices`` (all when None). ``uncommitted`` are the
         other items not committed yet: the checkpoint stays below their changes.
         A pending clear goes with the first batch built after it."""
-        to_blob = self.cache._codec.to_blob
+        codec = self.cache._codec
+        to_blob = codec.to_blob
+        raw_bytes = type(codec) is _codec.SafeCodec  # a bytes value is held as itself
         encode_key = _codec.encode_key
         canonical_key = _codec.canonical_key
+        pack = _U32_PACK
         store = self.cache._store
         clear = self.clear
         count, ttl = (0, 0) if clear else (store.key_count, store.ttl_key_count)
         images = []
+        rewritten = 0
         for i in (range(len(self.items)) if indices is None else indices):
             (page, _v, _kv, index_changed, keys, values, expires, stored_n, stored_ttl,
              _lsn) = self.items[i]
@@ -183,25 +187,39 @@ class _Snapshot:
                 if k is EMPTY:
                     continue
                 e = expires[slot]
-                kb = encode_key(k)
-                entries.append((slot, kb, to_blob(values[slot]), e))
+                # str keys and bytes values inline encode_key/to_blob (same
+                # bytes); a str key is its own canonical form.
+                if type(k) is str:
+                    kb = k.encode("utf-8", "surrogatepass")
+                    kb = ck = b"s" + pack(len(kb)) + kb
+                else:
+                    kb = encode_key(k)
+                    ck = None
+                v = values[slot]
+                if raw_bytes and type(v) is bytes:
+                    entries.append((slot, kb, b"b" + pack(len(v)) + v, e))
+                else:
+                    entries.append((slot, kb, to_blob(v), e))
                 if e is not None:
                     ttl_n += 1
                 if rows is not None:
-                    ck = canonical_key(k)
+                    if ck is None:
+                        ck = canonical_key(k)
                     rows.append((ck, e, None if ck == kb else kb))
             n = len(entries)
             count += n - stored_n
             ttl += ttl_n - stored_ttl
             data = encode_page(entries)
             self.built[i] = (n, ttl_n, len(data))
-            images.append(PageImage(page.page_id, n, ttl_n, data, rows))
+            images.append(PageImage(page.page_id, n, ttl_n, data, rows, stored_n > 0))
+            if stored_n:
+                rewritten += 1
         checkpoint = self.checkpoint_lsn
         for j in uncommitted:
             lsn = self.items[j][9]
             if lsn is not None:
                 checkpoint = min(checkpoint, lsn - 1)
-        return Batch(images, checkpoint, count, ttl, clear)
+        return Batch(images, checkpoint, count, ttl, clear, rewritten)
 
 
 class Cache(MutableMapping):
@@ -1371,6 +1389,11 @@ class Cache(MutableMapping):
                 snap.clear = False  # committed with these pages
                 if self._clear_lsn == snap.clear_lsn:
                     self._clear_pending = False
+            if len(tier.dirty) >= self.flush_batch_pages:
+                # Pages dirtied while this flush ran: the writers' kick came
+                # only if the count passed flush_batch_pages exactly, which it
+                # does not while the flushed pages are still counted.
+                self._batcher.kick()
             self._cond.notify_all()
 
     def flush_failed(self, snap: _Snapshot, indices: list[int] | None = None) -> None:

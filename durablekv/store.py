@@ -47,7 +47,9 @@ place, :func:`_translate`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import operator
 import os
 import sqlite3
 import struct
@@ -86,6 +88,10 @@ class PageImage:
     :ivar index_rows: ``(canonical_key, expire_at, orig_or_None)`` for every
         entry when the page's key set changed since it was last stored, else
         None (value-only change: the index is left alone).
+    :ivar stored: the store may hold this page (a committed row and index
+        rows). False only for a page id that has no committed rows (never
+        stored, or committed empty since): its index rows are inserted
+        without reading or deleting anything first.
     """
 
     page_id: int
@@ -93,6 +99,7 @@ class PageImage:
     ttl_n: int
     data: bytes
     index_rows: Sequence[tuple[bytes, float | None, bytes | None]] | None
+    stored: bool = True
 
 
 def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> bytes:
@@ -310,6 +317,10 @@ class SQLitePageStore:
         try:
             with _translate(self.path, "open"):
                 self._w = self._connect(durability, busy_timeout)
+                getlimit = getattr(self._w, "getlimit", None)  # Python 3.11+
+                # bound parameters a statement may have (999 in SQLite < 3.32)
+                self._variable_limit = (getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+                                        if getlimit is not None else 999)
                 self._migrate()
                 self._settings(page_size, serializer)
                 self._r = self._connect(durability, busy_timeout)
@@ -466,6 +477,12 @@ class SQLitePageStore:
                     ttl_key_count: int, clear: bool = False) -> None:
         """Write pages, index changes and the checkpoint LSN in ONE transaction.
 
+        Index rows are written as changes only: a page never stored before
+        (``PageImage.stored`` false) inserts its rows; a stored page whose
+        key set changed reads its committed rows (``keys_by_page``) and
+        deletes, inserts or updates only the ones that differ. Rows go in
+        many per statement (see :meth:`_insert_many`).
+
         :param clear: delete every page and index row first (``Cache.clear()``).
         :raises StoreError: the transaction failed and was rolled back.
         """
@@ -476,20 +493,40 @@ class SQLitePageStore:
                 if clear:
                     conn.execute("DELETE FROM pages")
                     conn.execute("DELETE FROM keys")
+                upserts: list[tuple] = []   # (key, page_id, expire_at, orig) to write
+                gone: list[tuple[bytes, int]] = []   # (key, page_id) rows to delete
+                emptied: list[tuple[int]] = []       # pages to delete with their rows
+                page_rows: list[tuple] = []          # (page_id, n_entries, data)
                 for img in images:
-                    if img.index_rows is not None:
-                        conn.execute("DELETE FROM keys WHERE page_id = ?", (img.page_id,))
-                        if img.index_rows:
-                            pid = img.page_id
-                            conn.executemany(
-                                "INSERT OR REPLACE INTO keys (key, page_id, expire_at, orig) "
-                                "VALUES (?, ?, ?, ?)",
-                                [(k, pid, e, o) for k, e, o in img.index_rows])
-                    if img.n:
-                        conn.execute("INSERT OR REPLACE INTO pages (page_id, n_entries, data) "
-                                     "VALUES (?, ?, ?)", (img.page_id, img.n, img.data))
+                    pid = img.page_id
+                    stored = img.stored and not clear
+                    rows = img.index_rows
+                    if not img.n:
+                        if stored:
+                            emptied.append((pid,))
+                        continue
+                    page_rows.append((pid, img.n, img.data))
+                    if rows is None:
+                        continue
+                    if stored:
+                        self._index_changes(conn, pid, rows, upserts, gone)
                     else:
-                        conn.execute("DELETE FROM pages WHERE page_id = ?", (img.page_id,))
+                        upserts += [(k, pid, e, o) for k, e, o in rows]
+                if emptied:
+                    conn.executemany("DELETE FROM keys WHERE page_id = ?", emptied)
+                    conn.executemany("DELETE FROM pages WHERE page_id = ?", emptied)
+                if gone:
+                    conn.executemany("DELETE FROM keys WHERE key = ? AND page_id = ?", gone)
+                # In key order, rows that share a B-tree leaf go in one after
+                # another: with random keys and an index larger than SQLite's
+                # cache, each leaf is then read and written once per flush,
+                # not once per row (already sorted input costs one pass).
+                upserts.sort(key=_first)
+                page_rows.sort(key=_first)
+                self._insert_many(conn, "INSERT OR REPLACE INTO keys "
+                                  "(key, page_id, expire_at, orig) VALUES ", 4, upserts)
+                self._insert_many(conn, "INSERT OR REPLACE INTO pages "
+                                  "(page_id, n_entries, data) VALUES ", 3, page_rows)
                 conn.executemany("UPDATE meta SET value = ? WHERE name = ?",
                                  [(checkpoint_lsn, "checkpoint_lsn"), (key_count, "key_count"),
                                   (ttl_key_count, "ttl_key_count")])
@@ -501,6 +538,53 @@ class SQLitePageStore:
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
+
+    @staticmethod
+    def _index_changes(conn: sqlite3.Connection, pid: int,
+                       rows: Sequence[tuple[bytes, float | None, bytes | None]],
+                       upserts: list[tuple], gone: list[tuple[bytes, int]]) -> None:
+        """Add to ``upserts``/``gone`` what turns page ``pid``'s committed index
+        rows into ``rows`` (a page that only grew inserts just its new keys)."""
+        have = {k: (e, o) for k, e, o in conn.execute(
+            "SELECT key, expire_at, orig FROM keys WHERE page_id = ?", (pid,))}
+        for k, e, o in rows:
+            old = have.pop(k, None)
+            if old is None or old[0] != e or old[1] != o:
+                upserts.append((k, pid, e, o))
+        for k in have:
+            gone.append((k, pid))
+
+    def _insert_many(self, conn: sqlite3.Connection, head: str, width: int,
+                     rows: list[tuple]) -> None:
+        """Run ``head`` + ``(?, ...)`` over ``rows`` (``width`` values each),
+        many rows per statement.
+
+        ``executemany`` steps once per row, and Python's sqlite3 releases and
+        takes back the GIL around every step: with writers running, each row
+        then costs two thread hand-offs. A multi-row VALUES statement does
+        hundreds of rows in one step. Statements hold a power of two of rows
+        (the largest within SQLite's bound-parameter limit, at most
+        ``_ROWS_PER_STATEMENT``), so a batch uses a few cached statements."""
+        if not rows:
+            return
+        flat = list(_chain(rows))
+        n = len(rows)
+        i = 0
+        per = self._max_rows(width)
+        while n:
+            while per > n:
+                per >>= 1
+            end = i + per * width
+            conn.execute(_values_sql(head, width, per), flat[i:end])
+            i = end
+            n -= per
+
+    def _max_rows(self, width: int) -> int:
+        limit = self._variable_limit
+        rows = _ROWS_PER_STATEMENT
+        while rows > 1 and rows * width > limit:
+            rows >>= 1
+        return rows
 
     def _commit(self, conn: sqlite3.Connection) -> None:
         """Commit the flush transaction (a seam: crash tests stop the process here)."""
@@ -572,6 +656,22 @@ def _batches(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
 
 def _marks(n: int) -> str:
     return ",".join("?" * n)
+
+
+#: Most rows in one multi-row INSERT (see SQLitePageStore._insert_many).
+_ROWS_PER_STATEMENT = 256
+_first = operator.itemgetter(0)
+_chain = itertools.chain.from_iterable
+_SQL_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def _values_sql(head: str, width: int, rows: int) -> str:
+    key = (head, width, rows)
+    sql = _SQL_CACHE.get(key)
+    if sql is None:
+        row = "(" + ", ".join("?" * width) + ")"
+        sql = _SQL_CACHE[key] = head + ", ".join([row] * rows)
+    return sql
 
 
 def _norm_codec(name: str) -> str:
