@@ -32,6 +32,7 @@ import time
 import warnings
 import weakref
 from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
+from itertools import repeat
 from typing import Any, Callable, Iterator
 
 from . import codec as _codec
@@ -43,8 +44,8 @@ from . import pages as _pages
 from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from .stats import CacheStats, HistogramSnapshot
-from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore, encode_page,
-                    mark_damaged, page_layout, split_page)
+from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
+                    encode_columns, encode_page, mark_damaged, page_layout, split_page)
 
 __all__ = ["Cache"]
 
@@ -57,6 +58,9 @@ _MISSING: Any = object()
 def _int64s(n: int) -> struct.Struct:
     """``n`` little-endian int64s (the keys of an INT_KEYS page)."""
     return struct.Struct(f"<{n}q")
+
+
+_STR, _BYTES = {str}, {bytes}
 _REAL_MONOTONIC = (time.monotonic,)
 _U32_PACK = struct.Struct("<I").pack
 _Frozen = _codec.Frozen
@@ -177,9 +181,38 @@ class _Snapshot:
         count, ttl = (0, 0) if clear else (store.key_count, store.ttl_key_count)
         images = []
         rewritten = 0
+        all_slots = range(self.cache.page_size)
         for i in (range(len(self.items)) if indices is None else indices):
             (page, _v, _kv, index_changed, keys, values, expires, stored_n, stored_ttl,
              _lsn) = self.items[i]
+            if raw_bytes:
+                # The common page, str keys and bytes values: encoded as
+                # columns by C-level comprehensions, no per-entry tuples.
+                if EMPTY in keys:
+                    slots = [s for s, k in enumerate(keys) if k is not EMPTY]
+                    ks = [keys[s] for s in slots]
+                    vs = [values[s] for s in slots]
+                    es = [expires[s] for s in slots]
+                else:
+                    slots, ks, vs, es = all_slots, keys, values, expires
+                if set(map(type, ks)) == _STR and set(map(type, vs)) == _BYTES:
+                    bodies = [k.encode("utf-8", "surrogatepass") for k in ks]
+                    if all(map(bytes.isascii, bodies)):
+                        n = len(slots)
+                        ttl_n = n - es.count(None)
+                        rows = None
+                        if index_changed:
+                            cks = [b"s" + pack(len(b)) + b for b in bodies]
+                            rows = list(zip(cks, es, repeat(None)))
+                        count += n - stored_n
+                        ttl += ttl_n - stored_ttl
+                        data = encode_columns(slots, bodies, vs, es, ASCII_KEYS | RAW_BYTES)
+                        self.built[i] = (n, ttl_n, len(data))
+                        images.append(PageImage(page.page_id, n, ttl_n, data, rows,
+                                                stored_n > 0))
+                        if stored_n:
+                            rewritten += 1
+                        continue
             entries = []
             rows = [] if index_changed else None
             ttl_n = 0

@@ -62,7 +62,7 @@ from .errors import ConfigError, CorruptStoreError, SchemaVersionError, StoreErr
 
 log = logging.getLogger("durablekv.store")
 
-__all__ = ["SQLitePageStore", "PageImage", "encode_page", "decode_page", "split_page",
+__all__ = ["SQLitePageStore", "PageImage", "encode_page", "encode_columns", "decode_page", "split_page",
            "page_layout", "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS", "migration_files",
            "STORE_FILE"]
 
@@ -73,6 +73,8 @@ DAMAGE_MARKER = STORE_FILE + ".damaged"
 _ENTRY = struct.Struct("<HdII")  # a version-1 page entry header
 assert _ENTRY.size == 18
 _N_FLAGS = struct.Struct("<HB")
+_FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data FROM keys AS k "
+             "LEFT JOIN pages AS p ON p.page_id = k.page_id WHERE k.key = ?")
 _U32 = struct.Struct("<I")
 _NAN = float("nan")
 
@@ -122,14 +124,22 @@ def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> by
     if all(vb[:1] == b"b" for vb in vbs):
         vbs = [vb[5:] for vb in vbs]
         flags |= RAW_BYTES
-    exps = [e[3] for e in entries]
-    if exps.count(None) == n:
-        flags |= NO_TTL
-        head = _columns(n, False).pack(0xFFFF, n, flags, *[e[0] for e in entries],
+    return encode_columns([e[0] for e in entries], kbs, vbs, [e[3] for e in entries], flags)
+
+
+def encode_columns(slots: Sequence[int], kbs: Sequence[bytes], vbs: Sequence[bytes],
+                   expires: Sequence[float | None], flags: int) -> bytes:
+    """A version-2 page blob from parallel columns, keys and values already
+    in the form ``flags`` names (ASCII_KEYS: bare ASCII text; INT_KEYS: bare
+    int64; RAW_BYTES: bare bytes; otherwise their encodings). NO_TTL is
+    added here when no entry has an expire_at."""
+    n = len(slots)
+    if expires.count(None) == n:
+        head = _columns(n, False).pack(0xFFFF, n, flags | NO_TTL, *slots,
                                       *map(len, kbs), *map(len, vbs))
     else:
-        head = _columns(n, True).pack(0xFFFF, n, flags, *[e[0] for e in entries],
-                                     *[_NAN if x is None else x for x in exps],
+        head = _columns(n, True).pack(0xFFFF, n, flags, *slots,
+                                     *[_NAN if x is None else x for x in expires],
                                      *map(len, kbs), *map(len, vbs))
     return b"".join((head, *kbs, *vbs))
 
@@ -407,11 +417,14 @@ class SQLitePageStore:
         """``(page_id, n_entries, blob)`` of the page holding canonical key
         ``ckey`` (one statement: index lookup and page read), ``(page_id, None,
         None)`` when the index points at a missing page, or None."""
-        with _translate(self.path, "key lookup"):
-            return self._r.execute(
-                "SELECT k.page_id, p.n_entries, p.data FROM keys AS k "
-                "LEFT JOIN pages AS p ON p.page_id = k.page_id WHERE k.key = ?",
-                (ckey,)).fetchone()
+        # try/except rather than _translate(): this runs on every page fault
+        # and every miss the key filter lets through, and a generator-based
+        # context manager costs about a microsecond.
+        try:
+            return self._r.execute(_FIND_SQL, (ckey,)).fetchone()
+        except sqlite3.DatabaseError:
+            with _translate(self.path, "key lookup"):
+                raise
 
     def read_page(self, page_id: int) -> tuple[int, bytes] | None:
         """``(n_entries, blob)`` of a committed page, or None."""

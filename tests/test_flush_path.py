@@ -249,6 +249,42 @@ def test_built_pages_and_index_rows_match_the_codec(tmp_path, serializer):
             assert img.stored is False
 
 
+@pytest.mark.parametrize("keys", [
+    [f"k{i}" for i in range(11)],                   # str keys: the column fast path
+    [f"k{i}" for i in range(10)] + ["clé"],         # one non-ASCII key: the general path
+    [f"k{i}" for i in range(10)] + [10],            # one int key among str keys
+])
+def test_column_fast_path_builds_what_encode_page_builds(tmp_path, keys):
+    """Pages of str keys and bytes values (full, partly empty, with TTLs)
+    take build()'s column path; the blob and index rows must be exactly
+    those of the general path."""
+    with opened(tmp_path / "c", page_size=4, flush_batch_pages=10_000) as cache:
+        for i, k in enumerate(keys):
+            cache.set(k, b"v" * i, expire=None if i % 3 else 60.0 + i)
+        cache.flush()
+        cache.delete(keys[1])            # leaves an empty slot in the first page
+        cache[keys[2]] = b"changed"      # a value-only change
+        cache.set(keys[-1], b"new", expire=5.0)
+        snap = cache.take_snapshot()
+        try:
+            batch = snap.build()
+        finally:
+            cache.flush_failed(snap)
+        assert batch.images
+        for item, img in zip(snap.items, batch.images):
+            page_keys, values, expires = item[4], item[5], item[6]
+            entries = [(s, kvcodec.encode_key(k), cache._codec.to_blob(values[s]), expires[s])
+                       for s, k in enumerate(page_keys) if k is not EMPTY]
+            assert img.data == encode_page(entries)
+            if img.index_rows is not None:
+                rows = []
+                for s, kb, _vb, e in entries:
+                    ck = kvcodec.canonical_key(page_keys[s])
+                    rows.append((ck, e, None if ck == kb else kb))
+                assert list(img.index_rows) == rows
+            assert img.n == len(entries)
+
+
 # -- the cache: index and pages agree after every flush ---------------------------------
 
 _CACHE_KEYS = st.one_of(st.integers(0, 9), st.sampled_from(["a", "b", 1.0, True, (1, "x"),

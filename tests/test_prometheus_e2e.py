@@ -226,8 +226,13 @@ def test_replay_scraped_by_prometheus_serves_every_dashboard_query(tmp_path):
         points = prom.query_range(f"{hits} + {misses}", start=run_started, end=time.time(), step=0.5)
         final = [t for t, v in points if v == report["gets"]]
         assert final, f"prometheus never scraped the final counters ({report['gets']} gets): {points[-5:]}"
-        at = final[0]  # the rate windows ending here cover the end of the replay
-        during = {v for t, v in points if t < at}
+        # The first moment with the final counters AND two samples in the rate
+        # window: a replay faster than Prometheus's 5 s target tick can end
+        # before the second scrape, and rate() of one sample is no data.
+        samples = f"min(count_over_time(durablekv_sets_total{{{exact}}}[{RATE_INTERVAL}]))"
+        at = next((t for t in final if (prom.scalar(samples, at=t) or 0) >= 2), None)
+        assert at is not None, f"no moment with final counters and two samples: {points[-5:]}"
+        during = {v for t, v in points if t < final[0]}  # scraped while it ran
 
         # --- final counters as Prometheus saw them agree with the report
         hit_ratio = prom.scalar(f"{hits} / ({hits} + {misses})", at=at)
