@@ -132,15 +132,21 @@ def test_sigkill_right_after_a_recovering_open(tmp_path):
     assert contents(d) == expected
 
 
-def test_a_torn_tail_is_cut_for_good_before_the_flush(tmp_path):
-    """The tail cut off at recovery is truncated on disk: a crash before the
-    flush and a second recovery see a clean end, not damage in the middle."""
-    d = tmp_path / "c"
+def _crash_after_abc(d: Path) -> str:
+    """Set a, b, c (never flushed), crash; return the one log segment."""
     cache = Cache(d, **NEVER)
     for k in "abc":
         cache[k] = k * 10
     crash(cache)
     (seg,) = list_segments(str(d))
+    return seg
+
+
+def test_a_torn_tail_is_cut_for_good_before_the_flush(tmp_path):
+    """The tail cut off at recovery is truncated on disk: a crash before the
+    flush and a second recovery see a clean end, not damage in the middle."""
+    d = tmp_path / "c"
+    seg = _crash_after_abc(d)
     size = os.path.getsize(seg)
     with open(seg, "r+b") as f:
         f.truncate(size - 5)
@@ -161,11 +167,7 @@ def test_salvaged_records_survive_a_crash_right_after_open(tmp_path):
     """Salvage moves the damaged segment aside, good prefix included: those
     records must reach SQLite before open returns."""
     d = tmp_path / "c"
-    cache = Cache(d, **NEVER)
-    for k in "abc":
-        cache[k] = k * 10
-    crash(cache)
-    (seg,) = list_segments(str(d))
+    seg = _crash_after_abc(d)
     data = bytearray(Path(seg).read_bytes())
     second = len(MAGIC) + HEADER.size + HEADER.unpack_from(data, len(MAGIC))[0]
     data[second + HEADER.size + 3] ^= 0xFF
