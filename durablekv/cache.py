@@ -18,6 +18,7 @@ cache lock, then batcher lock, never the reverse.
 from __future__ import annotations
 
 import atexit
+import errno
 import contextlib
 import fcntl
 import functools
@@ -70,6 +71,8 @@ DURABILITY_MODES = ("fsync", "log", "none")
 MAX_KEY_BYTES = 1 << 20
 #: Largest allowed max_value_bytes: one entry must fit in a page.
 MAX_VALUE_BYTES_LIMIT = PAGE_BYTES_LIMIT - MAX_KEY_BYTES - 4096
+#: ``max_value_bytes`` when not given: 64 MiB.
+DEFAULT_MAX_VALUE_BYTES = 64 << 20
 LOCK_FILE = "LOCK"
 
 _open_caches: "weakref.WeakValueDictionary[int, Cache]" = weakref.WeakValueDictionary()
@@ -309,10 +312,13 @@ class Cache(MutableMapping):
                  flush_batch_pages: int = 64, durability: str = "log",
                  name: str | None = None, clock: Callable[[], float] | None = None,
                  serializer: str | _codec.ValueCodec = "safe",
-                 max_value_bytes: int = 64 << 20, max_pending_pages: int | None = None,
+                 max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, max_pending_pages: int | None = None,
                  on_corruption: str = "raise", salvage_log: bool = False,
                  busy_timeout: float = 5.0, segment_bytes: int = 64 << 20) -> None:
         self._state = _CLOSED
+        if not os.fspath(directory):
+            raise ConfigError("the cache directory is an empty path; name a directory "
+                              "(use '.' for the current one)")
         path = os.path.abspath(os.fspath(directory))
         self.path = path
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
@@ -332,11 +338,24 @@ class Cache(MutableMapping):
         self._clock = clock
         self._clock_offset = 0.0
         self._last_now = -math.inf
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(f"cache directory {path!r} is a file, not a directory; "
+                              "name a directory (it is created if missing)")
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
-        self._lock_fd = _acquire_dir_lock(path)
+        try:
+            self._lock_fd = _acquire_dir_lock(path)
+        except PermissionError as exc:
+            raise ConfigError(f"cannot write in cache directory {path!r} ({exc.strerror}); "
+                              "a cache needs a writable directory") from exc
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+            raise ConfigError(f"cache directory {path!r} is on a read-only file system; "
+                              "a cache needs a writable directory (durablekv check can "
+                              "still verify it)") from exc
         self._store: SQLitePageStore | None = None
         self._log: ReplayLog | None = None
         self._batcher: WriteBehindBatcher | None = None
@@ -1344,9 +1363,14 @@ class Cache(MutableMapping):
         exception is not cached and is raised to every caller that waited for it.
         The function runs with no cache lock held.
 
+        Use as ``@cache.memoize(expire=60)``, or bare as ``@cache.memoize``
+        (no TTL), as with ``functools.lru_cache``.
+
         :param expire: TTL of cached results in seconds (None: never).
         :param name: key prefix; default the function's module and qualified name.
         """
+        if callable(expire):  # bare @cache.memoize: expire is the function
+            return self.memoize(name=name)(expire)
         _check_expire(expire)
 
         def decorator(func: Callable) -> Callable:

@@ -30,6 +30,7 @@ __all__ = ["check_directory", "CheckResult"]
 @dataclass
 class CheckResult:
     ok: bool = True
+    damaged: bool = False  #: damage found (``ok`` is also False when it could not check)
     lines: list[str] = field(default_factory=list)
 
     def good(self, msg: str) -> None:
@@ -40,6 +41,7 @@ class CheckResult:
 
     def bad(self, msg: str) -> None:
         self.ok = False
+        self.damaged = True
         self.lines.append(f"DAMAGE  {msg}")
 
     def error(self, msg: str) -> None:
@@ -53,12 +55,13 @@ def check_directory(directory: str) -> CheckResult:
     r = CheckResult()
     directory = os.path.abspath(directory)
     if not os.path.isdir(directory):
-        r.error(f"{directory}: no such directory")
-        return r
+        r.error(f"{directory}: " + ("a file, not a cache directory" if os.path.exists(directory)
+                                    else "no such directory"))
+        return _finish(r)
     if not (os.path.exists(os.path.join(directory, STORE_FILE)) or list_segments(directory)
             or os.path.exists(os.path.join(directory, "LOCK"))):
         r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)")
-        return r
+        return _finish(r)
     lock = os.path.join(directory, "LOCK")
     if os.path.exists(lock):
         fd = os.open(lock, os.O_RDONLY)
@@ -66,12 +69,17 @@ def check_directory(directory: str) -> CheckResult:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             r.error(f"{directory} is open in another process; close it and check again")
-            return r
+            return _finish(r)
         finally:
             os.close(fd)
     checkpoint = _check_store(directory, r)
     _check_log(directory, checkpoint, r)
-    r.lines.append("result  " + ("healthy" if r.ok else "DAMAGED"))
+    return _finish(r)
+
+
+def _finish(r: CheckResult) -> CheckResult:
+    r.lines.append("result  " + ("healthy" if r.ok else "DAMAGED" if r.damaged
+                                 else "NOT CHECKED (see ERROR above; no damage was found)"))
     return r
 
 
@@ -83,6 +91,17 @@ def _check_store(directory: str, r: CheckResult) -> int:
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         rows = [x[0] for x in conn.execute("PRAGMA integrity_check")]
+    except sqlite3.OperationalError as exc:
+        if "unable to open" not in str(exc):
+            r.bad(f"{path}: not a readable SQLite database ({exc})")
+        elif not os.access(directory, os.W_OK):
+            # WAL mode: even a read-only reader creates pages.sqlite3-shm.
+            r.error(f"{path}: cannot be opened ({exc}): SQLite needs to create "
+                    f"{STORE_FILE}-shm beside a WAL store and {directory} is not writable; "
+                    "check a copy of the directory on writable storage")
+        else:
+            r.error(f"{path}: cannot be opened ({exc})")
+        return 0
     except sqlite3.DatabaseError as exc:
         r.bad(f"{path}: not a readable SQLite database ({exc})")
         return 0
@@ -93,10 +112,14 @@ def _check_store(directory: str, r: CheckResult) -> int:
         r.good(f"{path}: SQLite integrity_check")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         supported = len(migration_files())
+        if version > supported:
+            r.error(f"{path}: schema version {version} was written by a newer durablekv "
+                    f"(this one knows up to {supported}); upgrade durablekv to check it")
+            return 0
         if version != supported:
-            (r.bad if version > supported or version == 0 else r.note)(
+            (r.bad if version == 0 else r.note)(
                 f"{path}: schema version {version} (this durablekv: {supported})")
-            if version == 0 or version > supported:
+            if version == 0:
                 return 0
         meta = dict(conn.execute("SELECT name, value FROM meta"))
         checkpoint = int(meta.get("checkpoint_lsn", 0))

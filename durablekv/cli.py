@@ -14,12 +14,15 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Sequence
 
 from . import __version__
+from .cache import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
 from .traces import FORMATS, open_trace, zipf_workload
 
@@ -204,14 +207,14 @@ def _print_report(r: dict[str, Any], out=sys.stdout) -> None:
         f"durability={r['durability']}",
         f"requests           {r['requests']:,}  (gets {r['gets']:,}, sets {r['sets']:,}, "
         f"deletes {r['deletes']:,})",
-        f"hit ratio          {pct(r['hit_ratio'])}  (memory {pct(r['memory_hit_ratio'])}, "
+        f"hit ratio          {pct(r['hit_ratio'])} of gets  (memory {pct(r['memory_hit_ratio'])}, "
         f"store {pct(r['store_hit_ratio'])})",
         f"hits               memory {r['memory_hits']:,}, store {r['store_hits']:,}, "
         f"misses {r['misses']:,}",
         f"evictions          {r['evictions']:,} pages",
         f"page faults        {r['page_faults']:,}",
         f"flushes            {r['flushes']:,} ({r['flushed_pages']:,} pages written for "
-        f"{r['cache_sets']:,} sets)",
+        f"{r['cache_sets']:,} cache sets: the trace's sets plus a fill per get miss)",
         f"throughput         {r['requests_per_second']:,.0f} requests/s "
         f"({r['elapsed_seconds']:.2f} s, then {r['final_flush_seconds']:.2f} s final flush)",
         f"get latency        p50 {r['get_latency_p50_us']:.1f} us, p99 {r['get_latency_p99_us']:.1f} us",
@@ -257,6 +260,16 @@ def _float_between(lo: float, hi: float):
     return parse
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -293,18 +306,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--value-size", type=_positive_int, default=100,
                    help="bytes per value when the trace has no sizes (default 100)")
     p.add_argument("--limit", type=_positive_int, help="replay only the first N requests")
-    p.add_argument("--requests", type=_positive_int, default=1_000_000,
+    p.add_argument("--requests", type=_positive_int,
                    help="Zipf workload: requests (default 1,000,000)")
-    p.add_argument("--keys", type=_positive_int, default=100_000,
+    p.add_argument("--keys", type=_positive_int,
                    help="Zipf workload: distinct keys (default 100,000)")
-    p.add_argument("--alpha", type=_float_between(0.0, 100.0), default=0.99,
+    p.add_argument("--alpha", type=_float_between(0.0, 100.0),
                    help="Zipf workload: skew (default 0.99)")
-    p.add_argument("--set-fraction", type=_float_between(0.0, 1.0), default=0.1,
+    p.add_argument("--set-fraction", type=_float_between(0.0, 1.0),
                    help="Zipf workload: share of set requests (default 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="Zipf workload: random seed (default 0)")
+    p.add_argument("--seed", type=int, help="Zipf workload: random seed (default 0)")
     p.add_argument("--metrics-port", type=_port,
                    help="serve Prometheus /metrics on 127.0.0.1:PORT during the replay (0: any free port)")
-    p.add_argument("--hold", type=float, default=0.0,
+    p.add_argument("--hold", type=_non_negative_float, default=0.0,
                    help="with --metrics-port: keep serving this many seconds after the replay")
     p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
     p.add_argument("--on-corruption", choices=("raise", "rebuild"), default="raise",
@@ -320,21 +333,46 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="verify a closed cache directory",
                        description="Verify a cache directory that no process has open: SQLite "
                        "integrity, the key index against the pages, the replay log's records "
-                       "and CRCs. Exit status 0 when healthy, 1 on damage.")
+                       "and CRCs. Exit status 0 when healthy, 1 on damage, 2 when it could not check.")
     c.add_argument("dir", help="cache directory")
     c.set_defaults(func=_cmd_check)
     return parser
+
+
+#: The Zipf workload's options and their defaults (None on the command line
+#: means "not given", so that giving one with a TRACE is an error).
+_ZIPF_DEFAULTS = {"requests": 1_000_000, "keys": 100_000, "alpha": 0.99,
+                  "set_fraction": 0.1, "seed": 0}
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     if args.hold and args.metrics_port is None:
         raise ConfigError("--hold keeps the metrics endpoint up after the replay; "
                           "it needs --metrics-port")
+    if args.value_size > MAX_VALUE_BYTES:
+        raise ConfigError(f"--value-size {args.value_size} is over the cache's largest value "
+                          f"({MAX_VALUE_BYTES} bytes); pass at most --value-size {MAX_VALUE_BYTES}")
+    if args.trace is not None:
+        zipf_only = [f"--{n.replace('_', '-')}" for n in _ZIPF_DEFAULTS
+                     if getattr(args, n) is not None]
+        if zipf_only:
+            raise ConfigError(f"{', '.join(zipf_only)} shape the generated Zipf workload and "
+                              "do nothing with a TRACE; use --limit N to replay the first N "
+                              "requests of a trace")
+        if os.path.isdir(args.trace):
+            raise ConfigError(f"TRACE {args.trace!r} is a directory; pass a trace file "
+                              "(e.g. one of ../shared/traces/*)")
     if args.json:
         parent = os.path.dirname(os.path.abspath(args.json))
+        if os.path.isdir(args.json):
+            raise ConfigError(f"cannot write the JSON report to {args.json!r}: it is a "
+                              "directory; name a file")
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             raise ConfigError(f"cannot write the JSON report to {args.json!r}: "
                               f"{parent!r} is not a writable directory")
+    for name, default in _ZIPF_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.trace is None:
         trace: Any = zipf_workload(requests=args.requests, keys=args.keys, alpha=args.alpha,
                                    seed=args.seed, set_fraction=args.set_fraction,
@@ -372,12 +410,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
     result = check_directory(args.dir)
     for line in result.lines:
         print(line)
-    return 0 if result.ok else 1
+    return 0 if result.ok else 1 if result.damaged else 2
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``): unwind like Ctrl-C, so the cache is
+    closed and a temporary replay directory removed."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)
     except TraceFormatError as exc:
@@ -396,9 +446,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DurableKVError as exc:
         print(f"durablekv: {exc}", file=sys.stderr)
         return 1
+    except _Terminated:
+        print("durablekv: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("durablekv: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -339,7 +339,11 @@ class SafeCodec(ValueCodec):
         if t is bytes:
             return b"b" + _U32.pack(len(value)) + value
         out: list[bytes] = []
-        _enc(value, out, True, "value")
+        try:
+            _enc(value, out, True, "value")
+        except RecursionError:
+            raise TypeError("cannot store a value that contains itself or is nested too "
+                            "deeply to encode; store a flatter value") from None
         return b"".join(out)
 
     def decode(self, data: bytes) -> Any:

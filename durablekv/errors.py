@@ -73,8 +73,9 @@ class CacheClosedError(DurableKVError, ValueError):
         self.path = path
         if forked:
             msg = (f"cache {path!r} was opened by the parent process and cannot be used "
-                   "after fork(); the parent still owns it. Open a new Cache in the child "
-                   "(on another directory, or on this one after the parent has closed it)")
+                   "after fork(); the parent still owns it. A forked child must not open "
+                   "a Cache (or any SQLite database) before it execs: start workers with "
+                   "multiprocessing's 'spawn' or 'forkserver' method and open the cache there")
         else:
             msg = f"cache {path!r} is closed; open a new Cache({path!r}) to use it again"
         super().__init__(msg)

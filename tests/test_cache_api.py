@@ -783,3 +783,43 @@ class CacheVsDict(RuleBasedStateMachine):
 CacheVsDict.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
                                          suppress_health_check=[HealthCheck.too_slow])
 TestCacheVsDict = CacheVsDict.TestCase
+
+
+def test_paths_that_cannot_be_a_cache_directory_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="empty path"):
+        Cache("")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        Cache(tmp_path / "afile")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in read-only directories")
+def test_an_unwritable_directory_is_a_config_error(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match="writable directory"):
+            Cache(d)
+    finally:
+        d.chmod(0o755)
+
+
+def test_a_value_that_contains_itself_is_a_type_error(tmp_path):
+    loop: list = []
+    loop.append(loop)
+    with Cache(tmp_path / "c") as cache:
+        with pytest.raises(TypeError, match="contains itself"):
+            cache["k"] = loop
+        assert "k" not in cache and len(cache) == 0
+
+
+def test_memoize_works_bare_like_lru_cache(tmp_path):
+    calls = []
+    with Cache(tmp_path / "c") as cache:
+        @cache.memoize
+        def square(x):
+            calls.append(x)
+            return x * x
+        assert square(3) == 9 and square(3) == 9 and calls == [3]
+        assert square.__name__ == "square"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,7 +141,7 @@ def test_cli_errors_are_one_line_messages(tmp_path, capsys):
     """No traceback for a directory as TRACE, a bad port, --hold alone, a bad --json path."""
     (tmp_path / "adir").mkdir()
     assert main(["replay", str(tmp_path / "adir"), "--no-progress"]) == 2
-    assert "Is a directory" in capsys.readouterr().err
+    assert "is a directory; pass a trace file" in capsys.readouterr().err
     assert main(["replay", "--requests", "10", "--hold", "3", "--no-progress"]) == 2
     assert "needs --metrics-port" in capsys.readouterr().err
     assert main(["replay", "--requests", "10", "--json", str(tmp_path / "no" / "r.json")]) == 2
@@ -182,8 +184,46 @@ def test_value_size_over_the_limit_names_the_request(tmp_path, capsys):
 
 
 def test_check_tells_errors_from_damage(tmp_path, capsys):
-    assert main(["check", str(tmp_path / "missing")]) == 1
+    """Could not check: exit 2 and ERROR lines; damage: exit 1 (other tests)."""
+    assert main(["check", str(tmp_path / "missing")]) == 2
     assert "ERROR" in capsys.readouterr().out
+    (tmp_path / "afile").write_text("x")
+    assert main(["check", str(tmp_path / "afile")]) == 2
+    assert "a file, not a cache directory" in capsys.readouterr().out
     (tmp_path / "empty").mkdir()
-    assert main(["check", str(tmp_path / "empty")]) == 1
+    assert main(["check", str(tmp_path / "empty")]) == 2
     assert "not a durablekv cache directory" in capsys.readouterr().out
+
+
+def test_replay_options_that_cannot_apply_are_refused(tmp_path, capsys):
+    trace = tmp_path / "t.lis"
+    trace.write_text("1 1 0 1\n")
+    cases = [
+        (["--value-size", str(64 << 20 | 1)], "pass at most --value-size"),
+        ([str(trace), "--requests", "100"], "do nothing with a TRACE; use --limit"),
+        ([str(trace), "--seed", "3"], "--seed shape the generated Zipf workload"),
+        (["--requests", "5", "--json", str(tmp_path)], "it is a directory; name a file"),
+    ]
+    for argv, words in cases:
+        assert main(["replay", *argv, "--no-progress"]) == 2, argv
+        assert words in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit):
+        main(["replay", "--requests", "5", "--metrics-port", "0", "--hold", "-1"])
+    assert "0 or more seconds" in capsys.readouterr().err
+
+
+def test_sigterm_closes_the_cache_and_removes_the_temporary_directory(tmp_path):
+    """``timeout`` and ``kill`` send SIGTERM: the replay unwinds like Ctrl-C."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "durablekv", "replay", "--requests",
+                             "100000000", "--no-progress"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith("durablekv-replay-") and (p / "LOCK").exists()
+                  for p in tmp_path.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "terminated" in err, err
+    assert list(tmp_path.iterdir()) == []

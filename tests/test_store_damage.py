@@ -89,6 +89,18 @@ def test_newer_schema_version_is_refused(tmp_path):
     assert exc.value.found == 99 and "upgrade durablekv" in str(exc.value)
 
 
+def test_check_calls_a_newer_schema_unchecked_not_damaged(tmp_path, capsys):
+    d = tmp_path / "c"
+    make_store(d, 5)
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("PRAGMA user_version = 99")
+    conn.commit()
+    conn.close()
+    assert main(["check", str(d)]) == 2
+    out = capsys.readouterr().out
+    assert "newer durablekv" in out and "upgrade durablekv" in out and "DAMAGE" not in out
+
+
 def test_page_size_is_adopted_or_conflicts(tmp_path):
     d = tmp_path / "c"
     make_store(d, 5)
@@ -121,8 +133,9 @@ def test_check_refuses_an_open_cache_and_reports_the_log(tmp_path, capsys):
     d = tmp_path / "c"
     cache = Cache(d, flush_interval=3600, flush_batch_pages=10**6)
     cache["a"] = 1
-    assert main(["check", str(d)]) == 1
-    assert "open in another process" in capsys.readouterr().out
+    assert main(["check", str(d)]) == 2  # could not check: not damage
+    out = capsys.readouterr().out
+    assert "open in another process" in out and "NOT CHECKED" in out and "DAMAGE" not in out
     cache._teardown(clean=False)
     assert main(["check", str(d)]) == 0
     out = capsys.readouterr().out
