@@ -413,6 +413,26 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1 if result.damaged else 2
 
 
+#: The Python API's words in error messages, and the flags that do the same.
+_API_TO_FLAGS = (
+    ("on_corruption='rebuild'", "--on-corruption rebuild"),
+    ("salvage_log=True", "--salvage-log"),
+    ("without page_size (or with page_size=", "without --page-size (or with --page-size "),
+    ("format='i32be' or 'i64be'", "--format i32be or i64be"),
+    ("format='i32be'", "--format i32be"),
+    ("format='i64be'", "--format i64be"),
+    ("Open with --salvage-log", "Run with --salvage-log"),
+)
+
+
+def _for_cli(exc: BaseException) -> str:
+    """An error message with the API's parameter names turned into flags."""
+    msg = str(exc)
+    for api, flag in _API_TO_FLAGS:
+        msg = msg.replace(api, flag)
+    return msg
+
+
 def _terminate(signum: int, frame: Any) -> None:
     raise _Terminated()
 
@@ -431,20 +451,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except TraceFormatError as exc:
-        print(f"durablekv: bad trace: {exc}", file=sys.stderr)
+        print(f"durablekv: bad trace: {_for_cli(exc)}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
         print(f"durablekv: no such file: {exc.filename}", file=sys.stderr)
         return 2
     except ConfigError as exc:
-        print(f"durablekv: {exc}", file=sys.stderr)
+        print(f"durablekv: {_for_cli(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"durablekv: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except DurableKVError as exc:
-        print(f"durablekv: {exc}", file=sys.stderr)
+        print(f"durablekv: {_for_cli(exc)}", file=sys.stderr)
         return 1
     except _Terminated:
         print("durablekv: terminated", file=sys.stderr)
