@@ -385,7 +385,10 @@ class SQLitePageStore:
                 conn.execute(f"PRAGMA user_version = {version}")
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                # An interrupt (Ctrl-C, SIGTERM in the CLI) may land just after
+                # COMMIT; rolling back then would hide it behind "no transaction".
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
 
     def _settings(self, page_size: int | None, serializer: str) -> None:
