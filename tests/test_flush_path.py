@@ -407,3 +407,39 @@ def test_pages_dirtied_during_a_flush_are_flushed_right_after_it(tmp_path, monke
         with done:
             assert done.wait_for(lambda: len(calls) >= 2, 10), calls
         assert calls[:2] == [2, 4]
+
+
+def test_consecutive_flushes_follow_key_changes(tmp_path):
+    """Flush after flush of one page, the column path and the general path
+    build the same blob through inserts, deletes, TTL and value-type changes."""
+    def built_matches(cache):
+        snap = cache.take_snapshot()
+        try:
+            batch = snap.build()
+        finally:
+            cache.flush_failed(snap)
+        for item, img in zip(snap.items, batch.images):
+            page_keys, values, expires = item[4], item[5], item[6]
+            entries = [(s, kvcodec.encode_key(k), cache._codec.to_blob(values[s]), expires[s])
+                       for s, k in enumerate(page_keys) if k is not EMPTY]
+            assert img.data == encode_page(entries)
+        cache.flush()
+
+    with opened(tmp_path / "c", page_size=4, flush_batch_pages=10_000) as cache:
+        for k in "abcd":
+            cache[k] = b"1"
+        built_matches(cache)
+        cache["a"] = b"2"                 # value only
+        built_matches(cache)
+        del cache["b"]                    # key set shrinks
+        built_matches(cache)
+        cache["e"] = b"3"                 # the free slot is taken by a new key
+        built_matches(cache)
+        cache.set("c", b"4", expire=100)  # an expire_at changes
+        built_matches(cache)
+        cache["d"] = "not bytes"          # a value the column path does not take
+        built_matches(cache)
+        cache["d"] = b"bytes again"
+        built_matches(cache)
+    with opened(tmp_path / "c") as cache:
+        assert dict(cache.items()) == {"a": b"2", "c": b"4", "d": b"bytes again", "e": b"3"}
