@@ -384,12 +384,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if directory is None:
         tmp = directory = tempfile.mkdtemp(prefix="durablekv-replay-")
     def report_ready(report: dict[str, Any]) -> None:
-        _print_report(report)
-        sys.stdout.flush()
+        # The JSON file first: a closed stdout (`| head`) must not lose it.
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump(report, f, indent=2)
                 f.write("\n")
+        try:
+            _print_report(report)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader left; Python would report the pipe again at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     try:
         replay(trace, directory, page_size=args.page_size, max_pages=args.max_pages,

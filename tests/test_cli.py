@@ -227,3 +227,17 @@ def test_sigterm_closes_the_cache_and_removes_the_temporary_directory(tmp_path):
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and "terminated" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_closed_stdout_does_not_lose_the_json_report(tmp_path):
+    """``durablekv replay ... --json r.json | head -1``: the reader leaves
+    before the report is printed; the JSON is still written, exit 0."""
+    report = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "durablekv", "replay", "--requests", "20000",
+                             "--no-progress", "--json", str(report)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # long before the replay can print anything
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(report.read_text())["requests"] == 20000
+    assert "Broken pipe" not in err and "Traceback" not in err, err
