@@ -72,8 +72,20 @@ def check_directory(directory: str) -> CheckResult:
             return _finish(r)
         finally:
             os.close(fd)
+    marker = os.path.join(directory, STORE_FILE + ".damaged")
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8", errors="replace") as f:
+            first = f.readline().strip()
+        r.bad(f"{marker}: a read found damage while the cache was in use ({first}); the "
+              "next open refuses the store (open with on_corruption='rebuild', or "
+              "--on-corruption rebuild, to move it "
+              "aside and start empty, or delete the marker if the store checks clean)")
     checkpoint = _check_store(directory, r)
     _check_log(directory, checkpoint, r)
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("replay-") and name.endswith(".damaged"):
+            r.note(f"{os.path.join(directory, name)}: a log segment salvage moved aside; the "
+                   "records after its damage were not recovered (kept for inspection)")
     return _finish(r)
 
 

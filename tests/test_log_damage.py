@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from durablekv import Cache, LogCorruptionError
+from durablekv.check import check_directory
 from durablekv.replaylog import HEADER, MAGIC, list_segments, read_segment
 
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
@@ -120,6 +121,9 @@ def test_salvage_keeps_the_good_prefix_and_moves_the_file_aside(tmp_path):
         cache["e"] = "E"
     assert Path(seg + ".damaged").read_bytes() == bytes(data)
     assert contents(tmp_path / "c") == {"a": "A" * 10, "e": "E"}
+    result = check_directory(str(tmp_path / "c"))
+    assert result.ok, result.lines     # the store is healthy ...
+    assert any("salvage moved aside" in line for line in result.lines)  # ... and says so
 
 
 def test_damaged_magic_loses_no_record(tmp_path):

@@ -166,6 +166,7 @@ def test_damage_in_the_middle_found_in_use_is_remembered(tmp_path):
     with pytest.raises(CorruptStoreError) as exc:
         Cache(d)
     assert "while it was in use" in str(exc.value)
+    assert main(["check", str(d)]) == 1  # check agrees with the open that refuses
     with Cache(d, on_corruption="rebuild") as cache:
         assert cache.store_rebuilds == 1 and len(cache) == 0
         cache["fresh"] = 1
