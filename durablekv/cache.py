@@ -759,7 +759,11 @@ class Cache(MutableMapping):
 
         Expired entries found on the way are removed (lock held).
         """
-        ref = self._tier.table.get(key)
+        try:
+            ref = self._tier.table.get(key)
+        except TypeError:
+            _codec.check_key(key)  # the same TypeError as set() gives, naming the type
+            raise
         if ref is None:
             ref = self._locate(key)
             if ref is None:
@@ -954,7 +958,11 @@ class Cache(MutableMapping):
         with self._lock:
             if self._state is not _OPEN:
                 self._check_open()
-            ref = self._table.get(key)
+            try:
+                ref = self._table.get(key)
+            except TypeError:
+                _codec.check_key(key)  # the same TypeError as set() gives
+                raise
             if ref is not None:
                 page, slot = ref
                 exp = page.expires[slot]

@@ -823,3 +823,13 @@ def test_memoize_works_bare_like_lru_cache(tmp_path):
             return x * x
         assert square(3) == 9 and square(3) == 9 and calls == [3]
         assert square.__name__ == "square"
+
+
+def test_an_unhashable_key_gets_the_same_type_error_from_every_method(tmp_path):
+    with Cache(tmp_path / "c") as cache:
+        calls = [lambda: cache.get([1]), lambda: [1] in cache, lambda: cache[[1]],
+                 lambda: cache.set([1], 1), lambda: cache.delete([1]),
+                 lambda: cache.pop([1], None), lambda: cache.get((1, {2: 3}))]
+        for call in calls:
+            with pytest.raises(TypeError, match="cannot store key of type builtins"):
+                call()
