@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from pathlib import Path
 
@@ -15,11 +16,24 @@ REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 
 
+#: ``.ci/run`` sets this: there a missing trace is a failure, not a skip, so
+#: the real-trace tests can never pass by not running.
+REQUIRE_TRACES = os.environ.get("DURABLEKV_REQUIRE_TRACES") == "1"
+
+
+def no_traces(what: Path) -> None:
+    """Skip (locally) or fail (in CI) a test whose real trace is missing."""
+    reason = f"real trace {what} is not available (expected ../shared/traces beside the repo)"
+    if REQUIRE_TRACES:
+        pytest.fail(reason + "; DURABLEKV_REQUIRE_TRACES=1 makes this a failure", pytrace=False)
+    pytest.skip(reason)
+
+
 def trace_path(name: str) -> Path:
-    """Path of a real trace, or skip the test (with the reason) when absent."""
+    """Path of a real trace; see :func:`no_traces` when it is missing."""
     p = TRACES / name
     if not p.exists():
-        pytest.skip(f"real trace {p} is not available (expected ../shared/traces beside the repo)")
+        no_traces(p)
     return p
 
 

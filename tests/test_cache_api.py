@@ -17,6 +17,7 @@ write-behind batcher.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import subprocess
 import sys
@@ -793,16 +794,21 @@ def test_paths_that_cannot_be_a_cache_directory_are_config_errors(tmp_path):
         Cache(tmp_path / "afile")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in read-only directories")
-def test_an_unwritable_directory_is_a_config_error(tmp_path):
-    d = tmp_path / "ro"
-    d.mkdir()
-    d.chmod(0o555)
-    try:
-        with pytest.raises(ConfigError, match="writable directory"):
-            Cache(d)
-    finally:
-        d.chmod(0o755)
+@pytest.mark.parametrize("err,words", [
+    (PermissionError(errno.EACCES, "Permission denied"), "needs a writable directory"),
+    (OSError(errno.EROFS, "Read-only file system"), "read-only file system"),
+])
+def test_an_unwritable_directory_is_a_config_error(tmp_path, monkeypatch, err, words):
+    """Creating the LOCK file fails as it does in a directory without write
+    permission or on a read-only mount (injected: root could write anyway)."""
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith("LOCK"):
+            raise err
+        return real_open(path, *args, **kwargs)
+    real_open = os.open
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(ConfigError, match=words):
+        Cache(tmp_path / "c")
 
 
 def test_a_value_that_contains_itself_is_a_type_error(tmp_path):

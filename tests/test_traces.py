@@ -11,13 +11,13 @@ import pytest
 from durablekv.errors import ConfigError, TraceFormatError
 from durablekv.traces import FORMATS, Request, Trace, detect_format, open_trace, zipf_workload
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from .conftest import TRACES, no_traces
 
 
 @pytest.fixture
 def traces() -> Path:
     if not TRACES.is_dir():
-        pytest.skip(f"shared real traces not found at {TRACES} (they live beside the repo, not in it)")
+        no_traces(TRACES)
     return TRACES
 
 
