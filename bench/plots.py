@@ -22,6 +22,16 @@ from .macro import TRACE_FILES
 from .util import TRACES, Settings, note
 
 
+
+def _save(fig: Any, out_dir: str, name: str) -> str:
+    """Lay out, write ``out_dir/name`` as PNG, free the figure; return the path."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 def hit_ratio_curves(cfg: Settings) -> dict[str, Any]:
     out = {}
     for name in TRACE_FILES:
@@ -75,11 +85,7 @@ def draw(results: dict[str, Any], curves: dict[str, Any], out_dir: str) -> list[
         ax.set_title(f"{name} — {scope}, {c['unique_keys']:,} unique keys", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"hit_ratio_{name.split('.')[0]}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(path)
+        files.append(_save(fig, out_dir, f"hit_ratio_{name.split('.')[0]}.png"))
 
     micro = [r for r in results.get("micro", []) if r.get("value_bytes") == 100]
     if micro:
@@ -106,11 +112,7 @@ def draw(results: dict[str, Any], curves: dict[str, Any], out_dir: str) -> list[
         ax.set_title("Micro: 16-byte keys, 100-byte values", fontsize=10)
         ax.grid(True, axis="x", which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(out_dir, "throughput_micro.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(path)
+        files.append(_save(fig, out_dir, "throughput_micro.png"))
 
     macro = [r for r in results.get("macro", []) if r.get("fraction") in (0.10, None)]
     if macro:
@@ -131,9 +133,5 @@ def draw(results: dict[str, Any], curves: dict[str, Any], out_dir: str) -> list[
         ax.set_title("Look-aside replay, memory tier at 10% of the unique keys", fontsize=10)
         ax.grid(True, axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(out_dir, "throughput_replay.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(path)
+        files.append(_save(fig, out_dir, "throughput_replay.png"))
     return files

@@ -29,65 +29,72 @@ def _target(tid: str, text: str, goal: str, measured: str, ratio: float | None,
             "ratio": ratio, "met": (ok(ratio) if ratio is not None else None), "detail": detail}
 
 
+def _versus(rows: Iterable[dict[str, Any]], tid: str, text: str, goal: str,
+            ok: Callable[[float], bool], measured: Callable[[dict, dict], str],
+            mine: dict[str, Any], theirs: dict[str, Any], speedup: bool = False) -> dict[str, Any]:
+    """A target comparing durablekv's row ``mine`` with the row ``theirs``:
+    ratio = median / their median, or their median / ours with ``speedup``."""
+    rows = list(rows)
+    d, a = _find(rows, **mine), _find(rows, **theirs)
+    if not (d and a):
+        return _target(tid, text, goal, "not measured", None, ok)
+    ratio = a["median"] / d["median"] if speedup else d["median"] / a["median"]
+    return _target(tid, text, goal, measured(d, a), ratio, ok)
+
+
 def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target of issue 5 with its measured ratio (None when not measured)."""
     micro = res.get("micro", [])
     out = []
+    def ns(d: dict[str, Any], a: dict[str, Any]) -> str:
+        return f"{fmt_ns(d['median'])} vs {fmt_ns(a['median'])}"
+
     for vb in (100, 4096):
-        d = _find(micro, case="get_hit_memory", impl="durablekv-log", value_bytes=vb)
-        a = _find(micro, case="get_hit_memory", impl="cachetools", value_bytes=vb)
-        ratio = d["median"] / a["median"] if d and a else None
-        out.append(_target(
-            f"memory-get-{vb}", f"memory get hit ({VSIZE[vb]}) vs cachetools.LRUCache get hit",
-            "<= 1.0x the time",
-            f"{fmt_ns(d['median'])} vs {fmt_ns(a['median'])}" if ratio else "not measured",
-            ratio, lambda x: x <= 1.0))
+        at = {"value_bytes": vb}
+        out.append(_versus(
+            micro, f"memory-get-{vb}", f"memory get hit ({VSIZE[vb]}) vs cachetools.LRUCache get hit",
+            "<= 1.0x the time", lambda x: x <= 1.0, ns,
+            dict(case="get_hit_memory", impl="durablekv-log", **at),
+            dict(case="get_hit_memory", impl="cachetools", **at)))
     for vb in (100, 4096):
-        d = _find(micro, case="set", impl="durablekv-log", value_bytes=vb)
-        a = _find(micro, case="set", impl="diskcache", value_bytes=vb)
-        speed = a["median"] / d["median"] if d and a else None
-        out.append(_target(
-            f"set-log-vs-diskcache-{vb}",
+        at = {"value_bytes": vb}
+        out.append(_versus(
+            micro, f"set-log-vs-diskcache-{vb}",
             f"set, durability='log' ({VSIZE[vb]}), speed-up over diskcache.Cache.set",
-            ">= 30x faster",
-            f"{fmt_ns(d['median'])} vs {fmt_ns(a['median'])}" if speed else "not measured",
-            speed, lambda x: x >= 30.0))
-        o = _find(micro, case="set", impl="odict-lru", value_bytes=vb)
-        ratio = d["median"] / o["median"] if d and o else None
-        out.append(_target(
-            f"set-log-vs-odict-{vb}", f"set, durability='log' ({VSIZE[vb]}) vs an OrderedDict LRU set",
-            "<= 3x the time",
-            f"{fmt_ns(d['median'])} vs {fmt_ns(o['median'])}" if ratio else "not measured",
-            ratio, lambda x: x <= 3.0))
+            ">= 30x faster", lambda x: x >= 30.0, ns,
+            dict(case="set", impl="durablekv-log", **at), dict(case="set", impl="diskcache", **at),
+            speedup=True))
+        out.append(_versus(
+            micro, f"set-log-vs-odict-{vb}",
+            f"set, durability='log' ({VSIZE[vb]}) vs an OrderedDict LRU set",
+            "<= 3x the time", lambda x: x <= 3.0, ns,
+            dict(case="set", impl="durablekv-log", **at), dict(case="set", impl="odict-lru", **at)))
     for vb in (100, 4096):
-        d = _find(micro, case="get_hit_store", impl="durablekv-store-ps16", value_bytes=vb)
-        a = _find(micro, case="get_hit_store", impl="diskcache", value_bytes=vb)
-        ratio = d["median"] / a["median"] if d and a else None
-        rate = f", {100 * d['page_fault_rate']:.0f}% page faults" if d and "page_fault_rate" in d else ""
-        out.append(_target(
-            f"store-get-{vb}", f"store get hit, page fault, page_size=16 ({VSIZE[vb]}) vs "
-            "diskcache.Cache get hit", "<= 1.0x the time",
-            f"{fmt_ns(d['median'])} vs {fmt_ns(a['median'])}{rate}" if ratio else "not measured",
-            ratio, lambda x: x <= 1.0))
-    sus = res.get("sustained", [])
-    d = _find(sus, impl="durablekv")
-    a = _find(sus, impl="sqlite")
-    ratio = d["median"] / a["median"] if d and a else None
-    out.append(_target(
-        "sustained", "sustained unique-key sets (log) vs raw SQLite executemany, 1000-row "
-        "transactions (rate incl. the final drain)", ">= 0.7x the rate",
-        f"{fmt_rate(d['median'])}/s vs {fmt_rate(a['median'])}/s" if ratio else "not measured",
-        ratio, lambda x: x >= 0.7))
-    macro = res.get("macro", [])
+        at = {"value_bytes": vb}
+
+        def faults(d: dict[str, Any], a: dict[str, Any]) -> str:
+            rate = (f", {100 * d['page_fault_rate']:.0f}% page faults"
+                    if "page_fault_rate" in d else "")
+            return ns(d, a) + rate
+        out.append(_versus(
+            micro, f"store-get-{vb}", f"store get hit, page fault, page_size=16 ({VSIZE[vb]}) vs "
+            "diskcache.Cache get hit", "<= 1.0x the time", lambda x: x <= 1.0, faults,
+            dict(case="get_hit_store", impl="durablekv-store-ps16", **at),
+            dict(case="get_hit_store", impl="diskcache", **at)))
+    out.append(_versus(
+        res.get("sustained", []), "sustained", "sustained unique-key sets (log) vs raw SQLite "
+        "executemany, 1000-row transactions (rate incl. the final drain)", ">= 0.7x the rate",
+        lambda x: x >= 0.7,
+        lambda d, a: f"{fmt_rate(d['median'])}/s vs {fmt_rate(a['median'])}/s",
+        dict(impl="durablekv"), dict(impl="sqlite")))
     for impl, label in (("durablekv-ps16", "page_size=16"), ("durablekv-ps1", "page_size=1")):
-        d = _find(macro, trace="cache2k_orm-busy.i32be", impl=impl, fraction=0.10)
-        a = _find(macro, trace="cache2k_orm-busy.i32be", impl="cachetools", fraction=0.10)
-        ratio = d["median"] / a["median"] if d and a else None
-        out.append(_target(
-            f"replay-orm-busy-{impl}", f"replay of cache2k_orm-busy, memory at 10% ({label}) "
-            "vs the same replay through cachetools.LRUCache", ">= 0.8x the throughput",
-            f"{fmt_rate(d['median'])} vs {fmt_rate(a['median'])} requests/s" if ratio
-            else "not measured", ratio, lambda x: x >= 0.8))
+        at = {"trace": "cache2k_orm-busy.i32be", "fraction": 0.10}
+        out.append(_versus(
+            res.get("macro", []), f"replay-orm-busy-{impl}",
+            f"replay of cache2k_orm-busy, memory at 10% ({label}) vs the same replay through "
+            "cachetools.LRUCache", ">= 0.8x the throughput", lambda x: x >= 0.8,
+            lambda d, a: f"{fmt_rate(d['median'])} vs {fmt_rate(a['median'])} requests/s",
+            dict(impl=impl, **at), dict(impl="cachetools", **at)))
     reopen = [r for r in res.get("restart", []) if r.get("case") == "reopen"]
     for temp in ("hot", "cold"):
         rows = [r for r in reopen if r["page_cache"] == temp]

@@ -31,7 +31,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .util import REPO, Scratch, Settings, note, rotate, summarize
 
@@ -49,24 +49,33 @@ def _peak_rss_kib() -> dict[str, int]:
     return out
 
 
+def _write_for(seconds: float, batch: Callable[[int], None]) -> tuple[int, float, float]:
+    """Call ``batch(i)`` (which writes keys i .. i + CHECK_EVERY - 1) until
+    ``seconds`` have passed; return (keys written, start, end) in
+    ``time.perf_counter`` seconds. The same loop times both sides."""
+    perf = time.perf_counter
+    i = 0
+    t0 = perf()
+    deadline = t0 + seconds
+    while True:
+        batch(i)
+        i += CHECK_EVERY
+        if perf() >= deadline:
+            return i, t0, perf()
+
+
 def _run_durablekv(directory: str, seconds: float, value: bytes) -> dict[str, Any]:
     from durablekv import Cache
     cache = Cache(directory, durability="log")
     s = cache.set
-    i = 0
-    perf = time.perf_counter
-    t0 = perf()
-    deadline = t0 + seconds
-    while True:
+
+    def batch(i: int) -> None:
         for j in range(i, i + CHECK_EVERY):
             s(f"s:{j:014d}", value)
-        i += CHECK_EVERY
-        if perf() >= deadline:
-            break
-    t1 = perf()
+    i, t0, t1 = _write_for(seconds, batch)
     st = cache.stats()
     cache.close()
-    t2 = perf()
+    t2 = time.perf_counter()
     return {"ops": i, "write_seconds": t1 - t0, "drain_seconds": t2 - t1,
             "evictions": st.evictions, "flushes": st.flushes, "flushed_pages": st.flushed_pages}
 
@@ -78,28 +87,23 @@ def _run_sqlite(directory: str, seconds: float, value: bytes) -> dict[str, Any]:
     conn.execute("CREATE TABLE kv (key BLOB PRIMARY KEY, value BLOB)")
     sql = "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)"
     rows: list[tuple[bytes, bytes]] = []
-    i = 0
-    perf = time.perf_counter
-    t0 = perf()
-    deadline = t0 + seconds
-    while True:
-        for j in range(i, i + CHECK_EVERY):
-            rows.append((f"s:{j:014d}".encode(), value))
-            if len(rows) == 1000:
-                conn.execute("BEGIN")
-                conn.executemany(sql, rows)
-                conn.execute("COMMIT")
-                rows = []
-        i += CHECK_EVERY
-        if perf() >= deadline:
-            break
-    t1 = perf()
-    if rows:
+
+    def commit() -> None:
         conn.execute("BEGIN")
         conn.executemany(sql, rows)
         conn.execute("COMMIT")
+        rows.clear()
+
+    def batch(i: int) -> None:
+        for j in range(i, i + CHECK_EVERY):
+            rows.append((f"s:{j:014d}".encode(), value))
+            if len(rows) == 1000:
+                commit()
+    i, t0, t1 = _write_for(seconds, batch)
+    if rows:
+        commit()
     conn.close()
-    t2 = perf()
+    t2 = time.perf_counter()
     return {"ops": i, "write_seconds": t1 - t0, "drain_seconds": t2 - t1}
 
 
