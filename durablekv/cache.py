@@ -734,8 +734,13 @@ class Cache(MutableMapping):
                     keys = list(_int64s(len(slots)).unpack_from(data, kpos[0]))
                 else:
                     keys = [decode_key(data[a:b]) for a, b in zip(kpos, kpos[1:])]
-                if flags & RAW_BYTES:
+                if flags & RAW_BYTES and type(self._codec) is _codec.SafeCodec:
+                    # the safe codec holds a bytes value as itself
                     values = [data[a:b] for a, b in zip(vpos, vpos[1:])]
+                elif flags & RAW_BYTES:
+                    # another codec's blobs that happen to look like bytes
+                    values = [from_blob(b"b" + _U32_PACK(b - a) + data[a:b])
+                              for a, b in zip(vpos, vpos[1:])]
                 else:
                     values = [from_blob(data[a:b]) for a, b in zip(vpos, vpos[1:])]
             else:

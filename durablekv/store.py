@@ -121,7 +121,10 @@ def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> by
     elif all(kb[:1] == b"q" and len(kb) == 9 for kb in kbs):
         kbs = [kb[1:] for kb in kbs]
         flags |= INT_KEYS
-    if all(vb[:1] == b"b" for vb in vbs):
+    if all(vb[:1] == b"b" and len(vb) >= 5 and _U32.unpack_from(vb, 1)[0] == len(vb) - 5
+           for vb in vbs):
+        # exactly the safe codec's bytes encoding, so the tag and length can
+        # be dropped here and rebuilt from the column on read, losslessly
         vbs = [vb[5:] for vb in vbs]
         flags |= RAW_BYTES
     return encode_columns([e[0] for e in entries], kbs, vbs, [e[3] for e in entries], flags)

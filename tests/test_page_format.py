@@ -117,3 +117,34 @@ def test_a_garbled_version_2_page_is_reported_as_damage(tmp_path, make_key):
             for i in range(8):
                 cache.get(make_key(i))
         assert f"page {pid} cannot be decoded" in str(exc.value)
+
+
+def test_value_blobs_that_only_look_like_bytes_round_trip():
+    """RAW_BYTES drops the tag and length only when they are exactly the
+    safe codec's; any other blob starting with b'b' is kept whole."""
+    blobs = [b"bogus", b"b", b"b\x03\x00\x00\x00abc", b"b\x09\x00\x00\x00abc"]
+    for vb in blobs:
+        page = [(0, codec.encode_key("k"), vb, None)]
+        assert list(decode_page(encode_page(page))) == page, vb
+
+
+class _TextAsBytesLike(codec.ValueCodec):
+    """A user codec whose blobs look exactly like the safe codec's bytes."""
+
+    name = "text-b"
+
+    def encode(self, value):
+        b = value.encode()
+        return b"b" + struct.pack("<I", len(b)) + b
+
+    def decode(self, data):
+        return data[5:].decode()
+
+
+def test_a_custom_codec_gets_its_own_values_back_after_a_page_fault(tmp_path):
+    d = tmp_path / "c"
+    with Cache(d, serializer=_TextAsBytesLike(), page_size=2, max_pages=1) as cache:
+        for i in range(6):
+            cache[f"k{i}"] = f"v{i}"
+    with Cache(d, serializer=_TextAsBytesLike(), max_pages=1) as cache:
+        assert [cache[f"k{i}"] for i in range(6)] == [f"v{i}" for i in range(6)]
