@@ -829,6 +829,10 @@ def test_memoize_works_bare_like_lru_cache(tmp_path):
             return x * x
         assert square(3) == 9 and square(3) == 9 and calls == [3]
         assert square.__name__ == "square"
+        # memoized results are ordinary entries, keyed as the README says
+        name = f"{square.__module__}.{square.__qualname__}"
+        assert list(cache.keys()) == [("durablekv.memoize", name, (3,), ())]
+        assert len(cache) == 1
 
 
 def test_an_unhashable_key_gets_the_same_type_error_from_every_method(tmp_path):

@@ -173,3 +173,19 @@ def test_rebuild_mode_checks_the_whole_file_at_open(tmp_path):
     damage_the_middle(d)
     with Cache(d, on_corruption="rebuild") as cache:  # quick_check finds it at once
         assert cache.store_rebuilds == 1 and len(cache) == 0
+
+
+def test_check_on_a_read_only_file_system_is_not_checked(tmp_path, capsys, monkeypatch):
+    """A WAL store on a read-only mount cannot be opened even read-only (no
+    -shm file can be made): check says so, exit 2, and calls nothing damaged."""
+    d = tmp_path / "c"
+    make_store(d, 5)
+    import durablekv.check as check
+
+    def no_shm(*args, **kwargs):
+        raise sqlite3.OperationalError("unable to open database file")
+    monkeypatch.setattr(check.sqlite3, "connect", no_shm)
+    monkeypatch.setattr(check.os, "access", lambda path, mode: False)
+    assert main(["check", str(d)]) == 2
+    out = capsys.readouterr().out
+    assert "check a copy" in out and "NOT CHECKED" in out and "DAMAGE" not in out
