@@ -427,6 +427,7 @@ class Cache(MutableMapping):
         result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
         self.torn_records = result.torn_records
         self._state = _OPEN
+        store.resume_snapshot()  # no commit runs until the batcher's first snapshot
         self._batcher.start()
         records = result.records
         if records:
@@ -1446,6 +1447,7 @@ class Cache(MutableMapping):
                       list(p.keys), list(p.values), list(p.expires), p.stored_n, p.stored_ttl_n,
                       tier.start_flush(p))
                      for p in tier.dirty.values()]
+            self._store.pause_snapshot()  # a commit follows: see Store.pause_snapshot
             return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn)
 
     def flush_done(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
@@ -1459,6 +1461,8 @@ class Cache(MutableMapping):
                 snap.clear = False  # committed with these pages
                 if self._clear_lsn == snap.clear_lsn:
                     self._clear_pending = False
+            if indices is None:
+                self._store.resume_snapshot()
             if len(tier.dirty) >= self.flush_batch_pages:
                 # Pages dirtied while this flush ran: the writers' kick came
                 # only if the count passed flush_batch_pages exactly, which it
@@ -1470,6 +1474,7 @@ class Cache(MutableMapping):
         with self._lock:
             for i in (range(len(snap.items)) if indices is None else indices):
                 self._tier.flush_failed(snap.items[i][0])
+            self._store.resume_snapshot()
             self._cond.notify_all()
 
 
