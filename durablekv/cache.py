@@ -46,19 +46,13 @@ from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from .stats import CacheStats, HistogramSnapshot
 from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
-                    encode_columns, encode_page, mark_damaged, page_layout, split_page)
+                    encode_columns, encode_page, mark_damaged, page_columns, split_page)
 
 __all__ = ["Cache"]
 
 log = logging.getLogger("durablekv")
 
 _MISSING: Any = object()
-
-
-@functools.lru_cache(maxsize=None)
-def _int64s(n: int) -> struct.Struct:
-    """``n`` little-endian int64s (the keys of an INT_KEYS page)."""
-    return struct.Struct(f"<{n}q")
 
 
 _STR, _BYTES = {str}, {bytes}
@@ -726,24 +720,15 @@ class Cache(MutableMapping):
         decode_key = _codec.decode_key
         try:
             if data[:2] == b"\xff\xff":
-                slots, expires, flags, kpos, vpos = page_layout(data)
-                if flags & ASCII_KEYS:
-                    text = data[kpos[0]:vpos[0]].decode("ascii")
-                    base = kpos[0]
-                    keys = [text[a - base:b - base] for a, b in zip(kpos, kpos[1:])]
-                elif flags & INT_KEYS:
-                    keys = list(_int64s(len(slots)).unpack_from(data, kpos[0]))
-                else:
-                    keys = [decode_key(data[a:b]) for a, b in zip(kpos, kpos[1:])]
-                if flags & RAW_BYTES and type(self._codec) is _codec.SafeCodec:
-                    # the safe codec holds a bytes value as itself
-                    values = [data[a:b] for a, b in zip(vpos, vpos[1:])]
-                elif flags & RAW_BYTES:
-                    # another codec's blobs that happen to look like bytes
-                    values = [from_blob(b"b" + _U32_PACK(b - a) + data[a:b])
-                              for a, b in zip(vpos, vpos[1:])]
-                else:
-                    values = [from_blob(data[a:b]) for a, b in zip(vpos, vpos[1:])]
+                slots, expires, flags, keys, values = page_columns(data)
+                if not flags & (ASCII_KEYS | INT_KEYS):
+                    keys = [decode_key(kb) for kb in keys]
+                if not flags & RAW_BYTES:
+                    values = [from_blob(vb) for vb in values]
+                elif type(self._codec) is not _codec.SafeCodec:
+                    # another codec's blobs that happen to look like bytes (the
+                    # safe codec holds a bytes value as itself)
+                    values = [from_blob(b"b" + _U32_PACK(len(vb)) + vb) for vb in values]
             else:
                 slots, expires, kbs, vbs = split_page(data)
                 keys = [decode_key(kb) for kb in kbs]
@@ -753,11 +738,11 @@ class Cache(MutableMapping):
             mark_damaged(self._store.path, detail)
             raise CorruptStoreError(self._store.path, detail) from exc
         table = self._tier.table
-        for key in keys:
-            if key in table:
-                detail = f"page {pid} holds key {key!r}, which lives in another page"
-                mark_damaged(self._store.path, detail)
-                raise CorruptStoreError(self._store.path, detail)
+        if not table.keys().isdisjoint(keys):
+            key = next(k for k in keys if k in table)
+            detail = f"page {pid} holds key {key!r}, which lives in another page"
+            mark_damaged(self._store.path, detail)
+            raise CorruptStoreError(self._store.path, detail)
         return self._tier.install(pid, slots, keys, values, expires, len(data))
 
     def _ref(self, key: Any, now_fn=None) -> tuple[Page, int] | None:

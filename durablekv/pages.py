@@ -75,11 +75,19 @@ class Page:
                  "stored_ttl_n", "stored_keys_version", "free_slots", "dirty_lsn",
                  "flight_lsn", "nbytes")
 
-    def __init__(self, page_id: int, page_size: int) -> None:
+    def __init__(self, page_id: int, page_size: int, full: tuple[list[Any], list[Any],
+                 list[float | None]] | None = None) -> None:
+        """An empty page, or with ``full`` = ``(keys, values, expires)``
+        (each ``page_size`` long) a page whose every slot is taken."""
         self.page_id = page_id
-        self.keys: list[Any] = [EMPTY] * page_size
-        self.values: list[Any] = [None] * page_size
-        self.expires: list[float | None] = [None] * page_size
+        if full is None:
+            self.keys: list[Any] = [EMPTY] * page_size
+            self.values: list[Any] = [None] * page_size
+            self.expires: list[float | None] = [None] * page_size
+            self.free_slots: list[int] = list(range(page_size - 1, -1, -1))
+        else:
+            self.keys, self.values, self.expires = full
+            self.free_slots = []
         self.used = 0
         self.version = 0
         self.keys_version = 0
@@ -88,7 +96,6 @@ class Page:
         self.dirty_since: float | None = None
         self.stored_n = 0
         self.stored_ttl_n = 0
-        self.free_slots: list[int] = list(range(page_size - 1, -1, -1))
         self.dirty_lsn: int | None = None
         self.flight_lsn: int | None = None
         self.nbytes = 0
@@ -176,14 +183,11 @@ class MemoryTier:
             stored entry (``values`` in their memory form).
         :param nbytes: size of the stored page blob.
         """
-        page = Page(page_id, self.page_size)
         n = len(keys)
         if n == self.page_size and list(slots) == self._all_slots:
-            page.keys = keys
-            page.values = values
-            page.expires = expires
-            page.free_slots = []
+            page = Page(page_id, n, (keys, values, expires))
         else:
+            page = Page(page_id, self.page_size)
             pk, pv, pe = page.keys, page.values, page.expires
             for slot, key, held, exp in zip(slots, keys, values, expires):
                 pk[slot] = key
@@ -191,7 +195,7 @@ class MemoryTier:
                 pe[slot] = exp
             taken = set(slots)
             page.free_slots = [s for s in range(self.page_size - 1, -1, -1) if s not in taken]
-        self.table.update(zip(keys, [(page, s) for s in slots]))
+        self.table.update(zip(keys, zip(repeat(page), slots)))
         page.used = n
         page.stored_n = n
         page.stored_ttl_n = n - expires.count(None)

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 from durablekv import Cache, CorruptStoreError, codec
 from durablekv.store import (ASCII_KEYS, INT_KEYS, NO_TTL, RAW_BYTES, decode_page, encode_page,
-                             page_layout)
+                             page_columns, page_layout, split_page)
 
 STORE = "pages.sqlite3"
 SAFE = codec.SafeCodec()
@@ -48,12 +48,61 @@ def test_common_pages_take_the_compact_forms():
     assert list(decode_page(data)) == page
 
 
+def _as_encoded(flags, keys_col, values_col):
+    """page_columns' keys and values back in their encoded forms."""
+    if flags & ASCII_KEYS or flags & INT_KEYS:
+        keys_col = [codec.encode_key(k) for k in keys_col]
+    if flags & RAW_BYTES:
+        values_col = [SAFE.encode(v) for v in values_col]
+    return keys_col, values_col
+
+
+# fixed-width keys and fixed-size values take the one-struct-call path
+fixed_pages = st.integers(1, 40).flatmap(lambda n: st.tuples(
+    st.lists(st.one_of(st.text(alphabet="abcxyz09", min_size=6, max_size=6),
+                       st.integers(-2**63, 2**63 - 1)), min_size=n, max_size=n, unique=True),
+    st.lists(st.binary(min_size=5, max_size=5), min_size=n, max_size=n),
+    st.lists(st.one_of(st.none(), st.floats(0, 4e9)), min_size=n, max_size=n)))
+
+
+@given(st.one_of(fixed_pages, st.tuples(st.lists(keys, max_size=20, unique_by=repr),
+                                        st.lists(values, max_size=20),
+                                        st.lists(expires, max_size=20))), st.randoms())
+def test_page_columns_agrees_with_split_page(cols, rnd):
+    ks, vs, es = cols
+    n = min(len(ks), len(vs), len(es))
+    ks = list(dict.fromkeys(ks[:n], None))
+    n = len(ks)
+    slots = rnd.sample(range(64), n)
+    page = [(slot, codec.encode_key(k), SAFE.encode(v), e)
+            for slot, k, v, e in zip(slots, ks, vs[:n], es[:n])]
+    data = encode_page(page)
+    want_slots, want_exps, want_kbs, want_vbs = split_page(data)
+    got_slots, got_exps, flags, got_keys, got_values = page_columns(data)
+    assert list(got_slots) == list(want_slots) and got_exps == want_exps
+    assert _as_encoded(flags, got_keys, got_values) == (want_kbs, want_vbs)
+
+
+@pytest.mark.parametrize("ks", [[""], [b""], ["", "a"], ["ab", "cd"]])
+def test_page_columns_with_empty_keys_and_values(ks):
+    page = [(i, codec.encode_key(k), SAFE.encode(b""), None) for i, k in enumerate(ks)]
+    data = encode_page(page)
+    flags, got_keys, got_values = page_columns(data)[2:]
+    assert _as_encoded(flags, got_keys, got_values) == tuple(split_page(data)[2:])
+
+
 @pytest.mark.parametrize("cut", [1, 4, 10, 100])
-def test_a_cut_page_is_damage(cut):
-    page = [(i, codec.encode_key(f"k{i}"), SAFE.encode(b"v" * 20), None) for i in range(4)]
+@pytest.mark.parametrize("width", ["fixed", "varying"])
+def test_a_cut_page_is_damage(cut, width):
+    page = [(i, codec.encode_key(f"k{i:02d}" if width == "fixed" else f"k{i}"),
+             SAFE.encode(b"v" * (20 if width == "fixed" else 20 + i)), None) for i in range(12)]
     data = encode_page(page)
     with pytest.raises(ValueError):
         list(decode_page(data[:-cut]))
+    with pytest.raises(ValueError):
+        page_columns(data[:-cut])
+    with pytest.raises(ValueError):
+        page_columns(data + b"x" * cut)
 
 
 def _encode_v1(entries):
