@@ -389,7 +389,7 @@ class Cache(MutableMapping):
         # the tier's page table and LRU, for the hot path (never replaced:
         # MemoryTier.clear() empties them in place)
         self._table = self._tier.table
-        self._lru = self._tier.lru
+        self._ticks = self._tier.ticks  # LRU recency clock (MemoryTier)
         self._tier.next_page_id = store.max_page_id + 1
         self._count = store.key_count
         self._ttl_count = store.ttl_key_count
@@ -962,7 +962,7 @@ class Cache(MutableMapping):
                     self._misses += 1
                     return default
                 if page.state == RESIDENT:
-                    self._lru.move_to_end(page)
+                    page.stamp = next(self._ticks)
                     self._memory_hits += 1
                 else:
                     self._tier.fault_pending(page)
@@ -1059,7 +1059,7 @@ class Cache(MutableMapping):
                             page.dirty_since = _REAL_MONOTONIC[0]()
                             if len(dirty) == self.flush_batch_pages:
                                 self._batcher.kick()
-                        tier.lru.move_to_end(page)
+                        page.stamp = next(self._ticks)
                         self._sets += 1
                         lsn_to_sync = lsn
                         expire_at = None
@@ -1333,7 +1333,7 @@ class Cache(MutableMapping):
                 store_hits=self._store_hits, misses=self._misses, sets=self._sets,
                 deletes=self._deletes, evictions=tier.evictions, page_faults=tier.page_faults,
                 expirations=self._expirations, pending_pages=tier.pending,
-                dirty_pages=len(dirty), resident_pages=len(tier.lru), max_pages=tier.max_pages,
+                dirty_pages=len(dirty), resident_pages=tier.resident, max_pages=tier.max_pages,
                 page_size=tier.page_size, oldest_unflushed_seconds=oldest,
                 last_lsn=self._last_lsn)
         return CacheStats(

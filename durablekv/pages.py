@@ -25,8 +25,8 @@ access). The design is a database buffer pool shrunk to key/value entries
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from itertools import repeat
+from heapq import heappop, heappush, heapify, heapreplace
+from itertools import count, repeat
 from typing import Any, Iterator, Sequence
 
 __all__ = ["Page", "MemoryTier", "EMPTY", "PAGE_BYTES_LIMIT"]
@@ -73,7 +73,7 @@ class Page:
     __slots__ = ("page_id", "keys", "values", "expires", "used", "version",
                  "keys_version", "state", "dirty_since", "stored_n",
                  "stored_ttl_n", "stored_keys_version", "free_slots", "dirty_lsn",
-                 "flight_lsn", "nbytes")
+                 "flight_lsn", "nbytes", "stamp", "heap_stamp")
 
     def __init__(self, page_id: int, page_size: int, full: tuple[list[Any], list[Any],
                  list[float | None]] | None = None) -> None:
@@ -99,6 +99,8 @@ class Page:
         self.dirty_lsn: int | None = None
         self.flight_lsn: int | None = None
         self.nbytes = 0
+        self.stamp = 0        # recency: the tier's tick at the last access
+        self.heap_stamp = -1  # stamp of this page's entry in the LRU heap; -1: none
 
     def __repr__(self) -> str:
         st = "resident" if self.state == RESIDENT else "pending"
@@ -119,9 +121,20 @@ class MemoryTier:
     :param max_pages: most pages resident at once (>= 1).
 
     Public attributes are read directly by the cache's hot path:
-    ``table`` (key -> (page, slot)), ``lru`` (OrderedDict of resident pages,
-    least recently used first), ``pages`` (page_id -> Page for every page in
-    memory), ``dirty`` (page_id -> Page, in the order they became dirty).
+    ``table`` (key -> (page, slot)), ``ticks`` (the recency clock: an access
+    sets ``page.stamp = next(ticks)``), ``pages`` (page_id -> Page for every
+    page in memory), ``dirty`` (page_id -> Page, in the order they became
+    dirty).
+
+    LRU order: every access stamps its page with the next tick, an integer
+    store instead of moving a list node. Resident pages sit in a min-heap by
+    the stamp they had when they were filed there; to evict, the top page is
+    taken if its stamp is still the filed one, else re-filed under its
+    current stamp (lazy promotion, as in a timestamp-ordered LRU heap). The
+    victim is always the page with the smallest stamp: an exact LRU, so
+    ``page_size=1`` behaves exactly like an entry-level LRU. Each resident
+    page has one live heap entry; entries of pages that left residency are
+    dropped when they surface (or when the heap is rebuilt).
     """
 
     def __init__(self, page_size: int, max_pages: int) -> None:
@@ -129,7 +142,9 @@ class MemoryTier:
         self.max_pages = max_pages
         self.table: dict[Any, tuple[Page, int]] = {}
         self.pages: dict[int, Page] = {}
-        self.lru: OrderedDict[Page, None] = OrderedDict()
+        self.heap: list[tuple[int, Page]] = []  # (filed stamp, page), see above
+        self.ticks = count(1)
+        self.resident = 0
         self.dirty: dict[int, Page] = {}
         self.free: list[int] = []
         self.open_page: Page | None = None
@@ -144,20 +159,63 @@ class MemoryTier:
 
     def touch(self, page: Page) -> None:
         """Mark ``page`` most recently used (it must be resident)."""
-        self.lru.move_to_end(page)
+        page.stamp = next(self.ticks)
 
     def make_resident(self, page: Page) -> None:
         """Put a pending or newly built page at the MRU end, evicting if full."""
+        if page.state == RESIDENT and page.heap_stamp >= 0:
+            page.stamp = next(self.ticks)
+            return
         if page.state == PENDING:
             self.pending -= 1
         page.state = RESIDENT
-        self.lru[page] = None
-        self.lru.move_to_end(page)
-        while len(self.lru) > self.max_pages:
-            self._evict(next(iter(self.lru)))
+        page.stamp = page.heap_stamp = stamp = next(self.ticks)
+        heappush(self.heap, (stamp, page))
+        self.resident += 1
+        while self.resident > self.max_pages:
+            self._evict(self._pop_lru())
+        if len(self.heap) > 2 * self.resident + 64:
+            self._rebuild_heap()
+
+    def _pop_lru(self) -> Page:
+        """Take the least recently used resident page out of the heap."""
+        heap = self.heap
+        while True:
+            filed, page = heap[0]
+            if page.heap_stamp != filed:
+                heappop(heap)  # the page left residency after this entry was filed
+            elif page.stamp != filed:
+                # used since it was filed: re-file it under its current stamp
+                page.heap_stamp = page.stamp
+                heapreplace(heap, (page.stamp, page))
+            else:
+                heappop(heap)
+                page.heap_stamp = -1
+                return page
+
+    def _rebuild_heap(self) -> None:
+        """Drop the entries of pages no longer resident (O(resident pages))."""
+        live = [(p.stamp, p) for p in self.pages.values()
+                if p.state == RESIDENT and p.heap_stamp >= 0]
+        for stamp, p in live:
+            p.heap_stamp = stamp
+        heapify(live)
+        self.heap = live
+
+    def lru_order(self) -> list[Page]:
+        """Resident pages, least recently used first (O(n log n); for tests
+        and introspection, not the hot path)."""
+        return sorted((p for p in self.pages.values()
+                       if p.state == RESIDENT and p.heap_stamp >= 0),
+                      key=lambda p: p.stamp)
+
+    def _leave_residency(self, page: Page) -> None:
+        """``page`` stops being resident without going through the heap top."""
+        page.heap_stamp = -1
+        self.resident -= 1
 
     def _evict(self, page: Page) -> None:
-        del self.lru[page]
+        self.resident -= 1
         self.evictions += 1
         if page is self.open_page:
             self.open_page = None
@@ -261,7 +319,7 @@ class MemoryTier:
         self.table[key] = (page, slot)
         self.mark_dirty(page, now, lsn)
         if page.state == RESIDENT:
-            self.lru.move_to_end(page)
+            page.stamp = next(self.ticks)
         return page
 
     def insert_many(self, keys: Sequence[Any], held: Sequence[Any],
@@ -318,7 +376,7 @@ class MemoryTier:
             page.keys_version += 1
             self.mark_dirty(page, now, lsn)
             if page.state == RESIDENT:
-                self.lru.move_to_end(page)
+                page.stamp = next(self.ticks)
             i = end
         return i
 
@@ -351,7 +409,7 @@ class MemoryTier:
             # counting as an eviction) and its id goes to the free list. It is
             # still dirty: the batcher deletes its row.
             if page.state == RESIDENT:
-                del self.lru[page]
+                self._leave_residency(page)
                 page.state = PENDING
                 self.pending += 1
             self.free.append(page.page_id)
@@ -361,7 +419,8 @@ class MemoryTier:
         """Forget every page (the store is wiped separately)."""
         self.table.clear()
         self.pages.clear()
-        self.lru.clear()
+        self.heap.clear()
+        self.resident = 0
         self.dirty.clear()
         self.free.clear()
         self.open_page = None

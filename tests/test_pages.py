@@ -21,7 +21,7 @@ from durablekv.pages import EMPTY, PENDING, RESIDENT, MemoryTier
 
 
 def resident_ids(tier: MemoryTier) -> list[int]:
-    return [p.page_id for p in tier.lru]
+    return [p.page_id for p in tier.lru_order()]
 
 
 def flush_all(tier: MemoryTier) -> None:
@@ -86,7 +86,7 @@ def test_pending_page_taken_back_is_a_page_fault():
     t.fault_pending(pa)
     assert pa.state == RESIDENT and t.page_faults == 1
     assert t.table["b"][0].state == PENDING and t.pending == 1
-    assert len(t.lru) == 1
+    assert t.resident == len(t.lru_order()) == 1
 
 
 def test_dirty_tracking_is_by_version():
@@ -144,7 +144,7 @@ def test_clear_forgets_everything_but_page_ids_keep_growing():
     for k in range(7):
         t.insert(k, k, None, 0.0, 1, 10)
     t.clear()
-    assert (t.table, t.pages, t.dirty, t.free, len(t.lru), t.pending) == ({}, {}, {}, [], 0, 0)
+    assert (t.table, t.pages, t.dirty, t.free, t.resident, len(t.heap), t.pending) == ({}, {}, {}, [], 0, 0, 0)
     t.insert("x", 1, None, 0.0, 1, 10)
     assert t.table["x"][0].page_id == 5
 
@@ -181,8 +181,61 @@ def test_tier_with_page_size_1_is_an_exact_lru(keys, capacity):
                 model.popitem(last=False)
         if i % 7 == 0:
             flush_all(t)
-        assert [p.keys[0] for p in t.lru] == list(model)
+        assert [p.keys[0] for p in t.lru_order()] == list(model)
+        assert t.resident == len(model)
     assert hits == model_hits
+
+
+@given(st.lists(st.tuples(st.sampled_from(["get", "get", "del"]), st.integers(0, 12)),
+                max_size=300), st.integers(1, 4), st.integers(1, 6))
+@settings(max_examples=300, deadline=None)
+def test_tier_evicts_the_least_recently_used_page_with_deletes(ops, page_size, capacity):
+    """Deleted keys can empty a page, which leaves residency without an
+    eviction; every eviction still takes the resident page used least
+    recently, the resident count stays true and the heap stays bounded."""
+    t = MemoryTier(page_size=page_size, max_pages=capacity)
+    last_use: dict[int, int] = {}   # page id -> step of its last access
+    victims: list[tuple[int, int]] = []
+    real_evict = t._evict
+
+    def evict(page):
+        resident = [p for p in t.pages.values() if p.state == RESIDENT]
+        oldest = min(last_use[p.page_id] for p in resident)
+        victims.append((last_use[page.page_id], oldest))
+        real_evict(page)
+
+    real_make_resident = t.make_resident
+    step = [0]
+
+    def make_resident(page):
+        last_use[page.page_id] = step[0]   # coming in for the access being made
+        real_make_resident(page)
+
+    t._evict = evict
+    t.make_resident = make_resident
+    for i, (op, k) in enumerate(ops):
+        step[0] = i
+        ref = t.table.get(k)
+        if op == "del":
+            if ref is not None:
+                t.remove(k, 0.0, 1)   # (a delete does not count as a use)
+            continue
+        if ref is not None and ref[0].state == RESIDENT:
+            t.touch(ref[0])
+            page = ref[0]
+        elif ref is not None:
+            page = ref[0]
+            t.fault_pending(page)
+        else:
+            page = t.insert(k, k, None, 0.0, 1, 10)
+        last_use[page.page_id] = i
+        if i % 5 == 0:
+            flush_all(t)
+        resident = [p for p in t.pages.values() if p.state == RESIDENT]
+        assert t.resident == len(resident) == len(t.lru_order()) <= capacity
+        assert len(t.heap) <= 2 * t.resident + 65
+    assert all(used == oldest for used, oldest in victims)
+    assert t.evictions == len(victims)
 
 
 # -- through a Cache -----------------------------------------------------------------
