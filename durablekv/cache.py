@@ -435,10 +435,14 @@ class Cache(MutableMapping):
         # keeps every segment that holds them until a checkpoint passes them
         # (fsynced by recover()), so open does not wait for SQLite: a crash
         # before the write-behind stores them replays them again. Two cases
-        # must wait: durability="none" drops the log here, and a salvaged
-        # log moved aside the segment holding the last records applied.
+        # must wait: durability="none" drops the log here, and salvage moves
+        # aside the damaged segment, which holds the last records applied.
+        # It moves only after that flush: a process killed before it then
+        # meets the same damage at its next open, and loses nothing kept.
         if records and (self.durability == "none" or result.salvaged):
             self._batcher.flush_until(self._last_lsn)
+        if result.salvaged:
+            self._log.set_aside(result)
         self._log.truncate_through(store.checkpoint_lsn)
         if self.durability == "none":
             self._log.close(remove=True)

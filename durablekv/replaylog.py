@@ -30,11 +30,14 @@ CRC on the final record) is a torn write from a crash: it is cut off (the
 file is truncated and fsynced), logged and counted. A damaged record
 anywhere else raises :class:`~durablekv.errors.LogCorruptionError` with the
 path and offset, unless recovery runs with ``salvage=True``, which keeps the
-good prefix and moves the damaged file aside (``*.damaged``). Damage behind
-which only records at or below the checkpoint lie is stepped over. The
-segments holding records to replay are fsynced before recovery returns; all
-segments stay until a checkpoint passes them, so the caller need not store
-the replayed records before it goes on.
+good prefix and gives up on the rest: the damaged segment and every later
+one are moved aside (``*.damaged``) by :meth:`ReplayLog.set_aside`, which the
+caller runs only once the kept records are in the store (the damaged segment
+holds the only copy of them until then). Damage behind which only records at
+or below the checkpoint lie is stepped over. The segments holding records to
+replay are fsynced before recovery returns; all segments stay until a
+checkpoint passes them, so the caller need not store the replayed records
+before it goes on.
 
 Durability: each append is one ``os.write`` of the whole record on an
 ``O_APPEND`` descriptor, so a killed process leaves either the whole record
@@ -257,7 +260,10 @@ class RecoveryResult:
         (:class:`LogRecord`'s field order).
     :ivar torn_records: torn tails cut off (0 or 1).
     :ivar torn_bytes: bytes cut off with them.
-    :ivar salvaged: paths of segments moved aside (``salvage=True`` only).
+    :ivar salvaged: segments that salvage gave up on (``salvage=True``
+        only): the damaged one and every later one. They are still in place;
+        :meth:`ReplayLog.set_aside` moves them aside once the records kept
+        from before the damage are in the store.
     """
 
     records: list[tuple]
@@ -382,15 +388,13 @@ class ReplayLog:
                     break
                 if not salvage:
                     raise LogCorruptionError(path, damage.offset, damage.detail)
-                aside = path + ".damaged"
-                os.replace(path, aside)
-                salvaged.append(aside)
-                # later segments cannot be applied without the records lost here
-                for later in segments[i + 1:]:
-                    os.replace(later, later + ".damaged")
-                    salvaged.append(later + ".damaged")
+                # Later segments cannot be applied without the records lost
+                # here. Nothing moves yet: until the records kept from before
+                # the damage are in the store, this file is their only copy
+                # (see set_aside).
+                salvaged = segments[i:]
                 log.error("replay log damaged at %s offset %d (%s): kept %d records before "
-                          "it, moved %s aside", path, damage.offset, damage.detail,
+                          "it; %s will be moved aside", path, damage.offset, damage.detail,
                           len(records), ", ".join(salvaged))
                 break
             first = records[0][0] if records else None
@@ -412,18 +416,48 @@ class ReplayLog:
                     expect = lsn + 1
                     if lsn > after_lsn:
                         out.append(r)
+            if salvaged:
+                # Not sealed: truncate_through must not delete it once the
+                # records kept from it are checkpointed; set_aside moves it.
+                if records and records[-1][0] > after_lsn and self.durability != "none":
+                    self._sync_segment(path)
+                    synced = True
+                break
             if os.path.exists(path):
                 self._sealed.append((path, records[-1][0] if records else 0))
                 self._sealed_bytes += size
                 if records and records[-1][0] > after_lsn and self.durability != "none":
                     self._sync_segment(path)
                     synced = True
-            if salvaged:
-                break
         if synced or torn:
             _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
         return RecoveryResult(out, torn, torn_bytes, salvaged)
+
+    def set_aside(self, result: RecoveryResult) -> list[str]:
+        """Move the segments salvage gave up on aside; return their new paths.
+
+        Each ``replay-<LSN>.log`` becomes ``replay-<LSN>.log.damaged`` (an
+        existing file of that name, from an earlier salvage, is kept: the new
+        one is ``replay-<LSN>.log.<n>.damaged``), then the directory is
+        fsynced. Call only once every record :meth:`recover` kept from before
+        the damage is durably in the store, and before :meth:`start`: the new
+        segment may take the damaged one's name.
+        """
+        moved = []
+        for path in result.salvaged:
+            aside, n = path + ".damaged", 1
+            while os.path.exists(aside):
+                n += 1
+                aside = f"{path}.{n}.damaged"
+            os.replace(path, aside)
+            moved.append(aside)
+        if moved:
+            _fsync_dir(self.directory)
+            log.warning("replay log: moved the segments salvage gave up on aside: %s",
+                        ", ".join(f"{p} -> {os.path.basename(a)}"
+                                  for p, a in zip(result.salvaged, moved)))
+        return moved
 
     def _sync_segment(self, path: str) -> None:
         """fsync a segment found at recovery (through the :meth:`_fsync` seam)."""
