@@ -28,7 +28,7 @@ Recovery (:meth:`ReplayLog.recover`) reads the segments in order. A damaged
 record at the very end of the last segment (cut short, zero-filled, or a bad
 CRC on the final record) is a torn write from a crash: it is cut off (the
 file is truncated and fsynced), logged and counted. A damaged record
-anywhere else raises :class:`~durablekv.errors.LogCorruptionError` with the
+anywhere else, or an LSN gap (a segment missing or out of order), raises :class:`~durablekv.errors.LogCorruptionError` with the
 path and offset, unless recovery runs with ``salvage=True``, which keeps the
 good prefix and gives up on the rest: the damaged segment and every later
 one are moved aside (``*.damaged``) by :meth:`ReplayLog.set_aside`, which the
@@ -209,6 +209,18 @@ def _parse_segment(data: bytes, pos: int | None = None
     return records, pos, None
 
 
+def _record_offset(records: list[tuple], runs: list[tuple[int, int]], index: int) -> int:
+    """Byte offset in its segment of ``records[index]``, parsed in ``runs``
+    of ``(offset, count)`` contiguous records (damage stepped over between runs)."""
+    start = 0
+    for offset, count in runs:
+        if index < start + count:
+            fixed = HEADER.size + PAYLOAD.size
+            return offset + sum(fixed + len(r[2]) + len(r[3]) for r in records[start:index])
+        start += count
+    raise IndexError(index)
+
+
 def _first_lsn_of(path: str) -> int:
     """The first LSN a segment was opened for, from its name."""
     name = os.path.basename(path)
@@ -348,9 +360,11 @@ class ReplayLog:
                 data = f.read()
             size = len(data)
             records: list[tuple] = []
+            runs: list[tuple[int, int]] = []  # (offset, record count) of each parsed run
             pos: int | None = None
             while True:
                 recs, good_end, damage = _parse_segment(data, pos)
+                runs.append((len(MAGIC) if pos is None else pos, len(recs)))
                 records += recs
                 if damage is None:
                     break
@@ -405,14 +419,22 @@ class ReplayLog:
                 expect = first + len(records)
                 out += records[max(0, after_lsn + 1 - first):]
             else:
-                for r in records:
+                for j, r in enumerate(records):
                     lsn = r[0]
                     if expect is not None and lsn != expect and not (
                             lsn > expect and lsn <= after_lsn + 1):
-                        if salvage:
-                            break
-                        raise LogCorruptionError(path, 0, f"LSN {lsn} follows {expect - 1}: "
-                                                 "a segment is missing or out of order")
+                        offset = _record_offset(records, runs, j)
+                        detail = f"LSN {lsn} follows {expect - 1}: a segment is missing or out of order"
+                        if not salvage:
+                            raise LogCorruptionError(path, offset, detail)
+                        # The records from the gap on cannot be applied:
+                        # salvage gives up on them as on damage.
+                        del records[j:]
+                        salvaged = segments[i:]
+                        log.error("replay log %s offset %d: %s; kept %d records before it; "
+                                  "%s will be moved aside", path, offset, detail, j,
+                                  ", ".join(salvaged))
+                        break
                     expect = lsn + 1
                     if lsn > after_lsn:
                         out.append(r)

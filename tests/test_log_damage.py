@@ -126,6 +126,37 @@ def test_salvage_keeps_the_good_prefix_and_moves_the_file_aside(tmp_path):
     assert any("salvage moved aside" in line for line in result.lines)  # ... and says so
 
 
+def test_a_missing_segment_is_corruption_and_salvage_sets_the_rest_aside(tmp_path):
+    """A segment deleted from the middle of the log leaves an LSN gap. Open
+    refuses it (naming the first record after the gap); salvage keeps what
+    lies before the gap and moves every segment after it aside, so later
+    writes can never meet those LSNs again."""
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=2048, **NEVER)
+    for i in range(300):
+        cache[f"k{i}"] = i
+    crash(cache)
+    segs = list_segments(str(d))
+    assert len(segs) > 4
+    os.unlink(segs[2])
+    kept = read_segment(segs[1])[0][-1].lsn
+    with pytest.raises(LogCorruptionError) as exc:
+        Cache(d)
+    assert exc.value.path == segs[3] and exc.value.offset == len(MAGIC)
+    with Cache(d, salvage_log=True, **NEVER) as cache:
+        assert dict(cache.items()) == {f"k{i}": i for i in range(kept)}
+        cache["after"] = "salvage"
+    assert list_segments(str(d)) == []
+    assert all(os.path.exists(s + ".damaged") for s in segs[3:])
+    expected = {f"k{i}": i for i in range(kept)} | {"after": "salvage"}
+    assert contents(d) == expected
+    cache = Cache(d, segment_bytes=2048, **NEVER)  # new LSNs run past the old ones
+    for i in range(300):
+        cache[f"n{i}"] = i
+    crash(cache)
+    assert contents(d) == expected | {f"n{i}": i for i in range(300)}
+
+
 def test_damaged_magic_loses_no_record(tmp_path):
     """Only the segment header is damaged: every record behind it is intact."""
     seg, _ = write_abc(tmp_path / "c")
