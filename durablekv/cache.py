@@ -289,7 +289,8 @@ class Cache(MutableMapping):
         still applied).
     :param salvage_log: recover from a log damaged before its tail by keeping
         the good prefix and moving the damaged segment aside (loses the
-        records after the damage; off by default).
+        records after the damage; off by default). ``stats().salvaged_bytes``
+        says how many bytes of the log were given up.
     :param busy_timeout: seconds SQLite waits for a lock held by another process.
     :raises CacheLockedError: the directory is open elsewhere.
     :raises ConfigError: an invalid or conflicting setting.
@@ -426,6 +427,7 @@ class Cache(MutableMapping):
         t0 = _REAL_MONOTONIC[0]()
         result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
         self.torn_records = result.torn_records
+        self.salvaged_bytes = result.salvaged_bytes
         self._state = _OPEN
         self._batcher.start()
         records = result.records
@@ -1360,7 +1362,7 @@ class Cache(MutableMapping):
             store_bytes=self._store.size_bytes() if self._store is not None else 0,
             checkpoint_lsn=self._store.checkpoint_lsn if self._store is not None else 0,
             recovered_records=self.recovered_records, recovery_seconds=self.recovery_seconds,
-            torn_records=self.torn_records, **s)
+            torn_records=self.torn_records, salvaged_bytes=self.salvaged_bytes, **s)
 
     def histograms(self) -> dict[str, HistogramSnapshot]:
         """``{"flush_seconds": ..., "flush_pages": ...}`` histogram snapshots."""

@@ -84,8 +84,9 @@ def check_directory(directory: str) -> CheckResult:
     _check_log(directory, checkpoint, r)
     for name in sorted(os.listdir(directory)):
         if name.startswith("replay-") and name.endswith(".damaged"):
-            r.note(f"{os.path.join(directory, name)}: a log segment salvage moved aside; the "
-                   "records after its damage were not recovered (kept for inspection)")
+            r.note(f"{os.path.join(directory, name)}: a log segment salvage moved aside; its "
+                   "records from the damage (or LSN gap) on were not recovered (kept for "
+                   "inspection)")
     return _finish(r)
 
 

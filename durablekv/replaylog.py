@@ -276,12 +276,16 @@ class RecoveryResult:
         only): the damaged one and every later one. They are still in place;
         :meth:`ReplayLog.set_aside` moves them aside once the records kept
         from before the damage are in the store.
+    :ivar salvaged_bytes: bytes of the log salvage gave up on: from the
+        damage (or the first record after an LSN gap) to the end of the log.
+        Their records are lost; how many there were cannot be known.
     """
 
     records: list[tuple]
     torn_records: int
     torn_bytes: int
     salvaged: list[str]
+    salvaged_bytes: int = 0
 
 
 class ReplayLog:
@@ -351,6 +355,8 @@ class ReplayLog:
         out: list[tuple] = []
         torn = torn_bytes = 0
         salvaged: list[str] = []
+        lost: tuple[int, str] = (0, "")  # where salvage gives up in salvaged[0], and why
+        salvaged_bytes = 0
         self.skipped_damage = 0
         expect = None
         synced = False
@@ -407,9 +413,7 @@ class ReplayLog:
                 # the damage are in the store, this file is their only copy
                 # (see set_aside).
                 salvaged = segments[i:]
-                log.error("replay log damaged at %s offset %d (%s): kept %d records before "
-                          "it; %s will be moved aside", path, damage.offset, damage.detail,
-                          len(records), ", ".join(salvaged))
+                lost = (damage.offset, damage.detail)
                 break
             first = records[0][0] if records else None
             if records and (expect is None or first == expect) and \
@@ -431,9 +435,7 @@ class ReplayLog:
                         # salvage gives up on them as on damage.
                         del records[j:]
                         salvaged = segments[i:]
-                        log.error("replay log %s offset %d: %s; kept %d records before it; "
-                                  "%s will be moved aside", path, offset, detail, j,
-                                  ", ".join(salvaged))
+                        lost = (offset, detail)
                         break
                     expect = lsn + 1
                     if lsn > after_lsn:
@@ -444,6 +446,14 @@ class ReplayLog:
                 if records and records[-1][0] > after_lsn and self.durability != "none":
                     self._sync_segment(path)
                     synced = True
+                # How many records lie behind the damage cannot be known;
+                # how many bytes can.
+                salvaged_bytes = size - lost[0] + sum(map(os.path.getsize, segments[i + 1:]))
+                log.error("replay log %s is damaged at offset %d (%s): salvage applies the %d "
+                          "records before it and gives up on the %d bytes from there to the "
+                          "end of the log (stats().salvaged_bytes), moving %s aside",
+                          path, lost[0], lost[1], len(out), salvaged_bytes,
+                          ", ".join(map(os.path.basename, salvaged)))
                 break
             if os.path.exists(path):
                 self._sealed.append((path, records[-1][0] if records else 0))
@@ -454,7 +464,7 @@ class ReplayLog:
         if synced or torn:
             _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
-        return RecoveryResult(out, torn, torn_bytes, salvaged)
+        return RecoveryResult(out, torn, torn_bytes, salvaged, salvaged_bytes)
 
     def set_aside(self, result: RecoveryResult) -> list[str]:
         """Move the segments salvage gave up on aside; return their new paths.
