@@ -333,7 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="verify a closed cache directory",
                        description="Verify a cache directory that no process has open: SQLite "
                        "integrity, the key index against the pages, the replay log's records "
-                       "and CRCs. Exit status 0 when healthy, 1 on damage, 2 when it could not check.")
+                       "and CRCs. It changes nothing (a store from an older durablekv is not "
+                       "upgraded). Exit status 0 when healthy, 1 on damage, 2 when it could not "
+                       "check.")
     c.add_argument("dir", help="cache directory")
     c.set_defaults(func=_cmd_check)
     return parser
