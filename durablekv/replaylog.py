@@ -346,8 +346,14 @@ class ReplayLog:
         must not keep those while losing the older ones (that would leave an
         LSN gap, which the next recovery refuses).
 
-        :raises LogCorruptionError: a damaged record before the tail (and
-            ``salvage`` is False).
+        With ``salvage``, damage before the tail or an LSN gap ends the
+        recovery there instead of raising: the records before it are
+        returned, and the segment holding it and every later one are listed
+        in ``salvaged`` (and ``salvaged_bytes``) but left in place and not
+        sealed. The caller stores the records, then calls :meth:`set_aside`.
+
+        :raises LogCorruptionError: a damaged record before the tail, or an
+            LSN gap (and ``salvage`` is False).
         :raises LogError: a segment holding records to replay could not be
             fsynced.
         """
