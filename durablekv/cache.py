@@ -283,7 +283,8 @@ class Cache(MutableMapping):
         still applied).
     :param salvage_log: recover from a log damaged before its tail by keeping
         the good prefix and moving the damaged segment aside (loses the
-        records after the damage; off by default).
+        records after the damage; off by default). ``stats().salvaged_bytes``
+        says how many bytes of the log were given up.
     :param busy_timeout: seconds SQLite waits for a lock held by another process.
     :raises CacheLockedError: the directory is open elsewhere.
     :raises ConfigError: an invalid or conflicting setting.
@@ -420,6 +421,7 @@ class Cache(MutableMapping):
         t0 = _REAL_MONOTONIC[0]()
         result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
         self.torn_records = result.torn_records
+        self.salvaged_bytes = result.salvaged_bytes
         self._state = _OPEN
         store.resume_snapshot()  # no commit runs until the batcher's first snapshot
         self._batcher.start()
@@ -430,10 +432,14 @@ class Cache(MutableMapping):
         # keeps every segment that holds them until a checkpoint passes them
         # (fsynced by recover()), so open does not wait for SQLite: a crash
         # before the write-behind stores them replays them again. Two cases
-        # must wait: durability="none" drops the log here, and a salvaged
-        # log moved aside the segment holding the last records applied.
+        # must wait: durability="none" drops the log here, and salvage moves
+        # aside the damaged segment, which holds the last records applied.
+        # It moves only after that flush: a process killed before it then
+        # meets the same damage at its next open, and loses nothing kept.
         if records and (self.durability == "none" or result.salvaged):
             self._batcher.flush_until(self._last_lsn)
+        if result.salvaged:
+            self._log.set_aside(result)
         self._log.truncate_through(store.checkpoint_lsn)
         if self.durability == "none":
             self._log.close(remove=True)
@@ -1342,7 +1348,7 @@ class Cache(MutableMapping):
             store_bytes=self._store.size_bytes() if self._store is not None else 0,
             checkpoint_lsn=self._store.checkpoint_lsn if self._store is not None else 0,
             recovered_records=self.recovered_records, recovery_seconds=self.recovery_seconds,
-            torn_records=self.torn_records, **s)
+            torn_records=self.torn_records, salvaged_bytes=self.salvaged_bytes, **s)
 
     def histograms(self) -> dict[str, HistogramSnapshot]:
         """``{"flush_seconds": ..., "flush_pages": ...}`` histogram snapshots."""

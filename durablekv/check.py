@@ -1,8 +1,10 @@
 """``durablekv check DIR``: verify a cache directory that no process has open.
 
-Checks, without changing anything:
+Checks, without changing anything (no file is written, created or upgraded:
+a store written by an older durablekv keeps its schema version):
 
-1. the directory is not open (the ``LOCK`` file is free);
+1. the directory is not open (the ``LOCK`` file is free; check holds it
+   shared until it is done, so no cache can open the directory meanwhile);
 2. ``pages.sqlite3``: SQLite's ``integrity_check``, the schema version, the
    settings, and that the key index and the pages agree both ways (every
    entry of every page has an index row pointing at that page with the same
@@ -63,15 +65,26 @@ def check_directory(directory: str) -> CheckResult:
         r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)")
         return _finish(r)
     lock = os.path.join(directory, "LOCK")
+    lock_fd = None
     if os.path.exists(lock):
-        fd = os.open(lock, os.O_RDONLY)
+        # Held shared until the check is done: a cache opening meanwhile
+        # (it takes the lock exclusively) would change what is being read.
+        lock_fd = os.open(lock, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(lock_fd)
             r.error(f"{directory} is open in another process; close it and check again")
             return _finish(r)
-        finally:
-            os.close(fd)
+    try:
+        _check_contents(directory, r)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+    return _finish(r)
+
+
+def _check_contents(directory: str, r: CheckResult) -> None:
     marker = os.path.join(directory, STORE_FILE + ".damaged")
     if os.path.exists(marker):
         with open(marker, encoding="utf-8", errors="replace") as f:
@@ -84,9 +97,9 @@ def check_directory(directory: str) -> CheckResult:
     _check_log(directory, checkpoint, r)
     for name in sorted(os.listdir(directory)):
         if name.startswith("replay-") and name.endswith(".damaged"):
-            r.note(f"{os.path.join(directory, name)}: a log segment salvage moved aside; the "
-                   "records after its damage were not recovered (kept for inspection)")
-    return _finish(r)
+            r.note(f"{os.path.join(directory, name)}: a log segment salvage moved aside; its "
+                   "records from the damage (or LSN gap) on were not recovered (kept for "
+                   "inspection)")
 
 
 def _finish(r: CheckResult) -> CheckResult:
@@ -100,8 +113,16 @@ def _check_store(directory: str, r: CheckResult) -> int:
     if not os.path.exists(path):
         r.note(f"{path}: no store yet (a cache that was never flushed)")
         return 0
+    wal = path + "-wal"
+    # A read-only connection still creates -wal and -shm files beside a WAL
+    # store and leaves them there. With no WAL content, everything is in the
+    # main file and nothing can change it while check holds the lock, so it
+    # is opened as immutable: no file is created or touched. WAL content (a
+    # crash left it) must be read, so then SQLite uses the -shm as usual.
+    immutable = not os.path.exists(wal) or os.path.getsize(wal) == 0
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"file:{path}?mode=ro" + ("&immutable=1" if immutable else ""),
+                               uri=True)
         rows = [x[0] for x in conn.execute("PRAGMA integrity_check")]
     except sqlite3.OperationalError as exc:
         if "unable to open" not in str(exc):
@@ -128,11 +149,14 @@ def _check_store(directory: str, r: CheckResult) -> int:
             r.error(f"{path}: schema version {version} was written by a newer durablekv "
                     f"(this one knows up to {supported}); upgrade durablekv to check it")
             return 0
+        if version == 0:
+            r.bad(f"{path}: schema version 0 (this durablekv: {supported})")
+            return 0
         if version != supported:
-            (r.bad if version == 0 else r.note)(
-                f"{path}: schema version {version} (this durablekv: {supported})")
-            if version == 0:
-                return 0
+            r.note(f"{path}: schema version {version}, written by an older durablekv (this "
+                   f"one: {supported}); check leaves it as it is, but opening the cache with "
+                   f"this durablekv upgrades it to {supported}, after which the older "
+                   "durablekv refuses it (back the directory up first if you may go back)")
         meta = dict(conn.execute("SELECT name, value FROM meta"))
         checkpoint = int(meta.get("checkpoint_lsn", 0))
         r.good(f"settings: page_size={meta.get('page_size')} serializer={meta.get('serializer')} "

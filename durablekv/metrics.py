@@ -121,6 +121,9 @@ _SIMPLE: tuple[_Family, ...] = (
     _Family("durablekv_recovery_torn_records", "gauge",
             "Damaged records cut from the replay log's tail when the cache was last opened.",
             _field("torn_records")),
+    _Family("durablekv_recovery_salvaged_bytes", "gauge",
+            "Bytes of a damaged replay log that salvage_log gave up on (moved aside, their "
+            "writes lost) when the cache was last opened.", _field("salvaged_bytes")),
     _Family("durablekv_recovery_duration_seconds", "gauge",
             "Seconds spent replaying the log when the cache was last opened.",
             _field("recovery_seconds")),

@@ -28,13 +28,16 @@ Recovery (:meth:`ReplayLog.recover`) reads the segments in order. A damaged
 record at the very end of the last segment (cut short, zero-filled, or a bad
 CRC on the final record) is a torn write from a crash: it is cut off (the
 file is truncated and fsynced), logged and counted. A damaged record
-anywhere else raises :class:`~durablekv.errors.LogCorruptionError` with the
+anywhere else, or an LSN gap (a segment missing or out of order), raises :class:`~durablekv.errors.LogCorruptionError` with the
 path and offset, unless recovery runs with ``salvage=True``, which keeps the
-good prefix and moves the damaged file aside (``*.damaged``). Damage behind
-which only records at or below the checkpoint lie is stepped over. The
-segments holding records to replay are fsynced before recovery returns; all
-segments stay until a checkpoint passes them, so the caller need not store
-the replayed records before it goes on.
+good prefix and gives up on the rest: the damaged segment and every later
+one are moved aside (``*.damaged``) by :meth:`ReplayLog.set_aside`, which the
+caller runs only once the kept records are in the store (the damaged segment
+holds the only copy of them until then). Damage behind which only records at
+or below the checkpoint lie is stepped over. The segments holding records to
+replay are fsynced before recovery returns; all segments stay until a
+checkpoint passes them, so the caller need not store the replayed records
+before it goes on.
 
 Durability: each append is one ``os.write`` of the whole record on an
 ``O_APPEND`` descriptor, so a killed process leaves either the whole record
@@ -206,6 +209,18 @@ def _parse_segment(data: bytes, pos: int | None = None
     return records, pos, None
 
 
+def _record_offset(records: list[tuple], runs: list[tuple[int, int]], index: int) -> int:
+    """Byte offset in its segment of ``records[index]``, parsed in ``runs``
+    of ``(offset, count)`` contiguous records (damage stepped over between runs)."""
+    start = 0
+    for offset, count in runs:
+        if index < start + count:
+            fixed = HEADER.size + PAYLOAD.size
+            return offset + sum(fixed + len(r[2]) + len(r[3]) for r in records[start:index])
+        start += count
+    raise IndexError(index)
+
+
 def _first_lsn_of(path: str) -> int:
     """The first LSN a segment was opened for, from its name."""
     name = os.path.basename(path)
@@ -257,13 +272,20 @@ class RecoveryResult:
         (:class:`LogRecord`'s field order).
     :ivar torn_records: torn tails cut off (0 or 1).
     :ivar torn_bytes: bytes cut off with them.
-    :ivar salvaged: paths of segments moved aside (``salvage=True`` only).
+    :ivar salvaged: segments that salvage gave up on (``salvage=True``
+        only): the damaged one and every later one. They are still in place;
+        :meth:`ReplayLog.set_aside` moves them aside once the records kept
+        from before the damage are in the store.
+    :ivar salvaged_bytes: bytes of the log salvage gave up on: from the
+        damage (or the first record after an LSN gap) to the end of the log.
+        Their records are lost; how many there were cannot be known.
     """
 
     records: list[tuple]
     torn_records: int
     torn_bytes: int
     salvaged: list[str]
+    salvaged_bytes: int = 0
 
 
 class ReplayLog:
@@ -324,8 +346,14 @@ class ReplayLog:
         must not keep those while losing the older ones (that would leave an
         LSN gap, which the next recovery refuses).
 
-        :raises LogCorruptionError: a damaged record before the tail (and
-            ``salvage`` is False).
+        With ``salvage``, damage before the tail or an LSN gap ends the
+        recovery there instead of raising: the records before it are
+        returned, and the segment holding it and every later one are listed
+        in ``salvaged`` (and ``salvaged_bytes``) but left in place and not
+        sealed. The caller stores the records, then calls :meth:`set_aside`.
+
+        :raises LogCorruptionError: a damaged record before the tail, or an
+            LSN gap (and ``salvage`` is False).
         :raises LogError: a segment holding records to replay could not be
             fsynced.
         """
@@ -333,6 +361,8 @@ class ReplayLog:
         out: list[tuple] = []
         torn = torn_bytes = 0
         salvaged: list[str] = []
+        lost: tuple[int, str] = (0, "")  # where salvage gives up in salvaged[0], and why
+        salvaged_bytes = 0
         self.skipped_damage = 0
         expect = None
         synced = False
@@ -342,9 +372,11 @@ class ReplayLog:
                 data = f.read()
             size = len(data)
             records: list[tuple] = []
+            runs: list[tuple[int, int]] = []  # (offset, record count) of each parsed run
             pos: int | None = None
             while True:
                 recs, good_end, damage = _parse_segment(data, pos)
+                runs.append((len(MAGIC) if pos is None else pos, len(recs)))
                 records += recs
                 if damage is None:
                     break
@@ -382,16 +414,12 @@ class ReplayLog:
                     break
                 if not salvage:
                     raise LogCorruptionError(path, damage.offset, damage.detail)
-                aside = path + ".damaged"
-                os.replace(path, aside)
-                salvaged.append(aside)
-                # later segments cannot be applied without the records lost here
-                for later in segments[i + 1:]:
-                    os.replace(later, later + ".damaged")
-                    salvaged.append(later + ".damaged")
-                log.error("replay log damaged at %s offset %d (%s): kept %d records before "
-                          "it, moved %s aside", path, damage.offset, damage.detail,
-                          len(records), ", ".join(salvaged))
+                # Later segments cannot be applied without the records lost
+                # here. Nothing moves yet: until the records kept from before
+                # the damage are in the store, this file is their only copy
+                # (see set_aside).
+                salvaged = segments[i:]
+                lost = (damage.offset, damage.detail)
                 break
             first = records[0][0] if records else None
             if records and (expect is None or first == expect) and \
@@ -401,29 +429,73 @@ class ReplayLog:
                 expect = first + len(records)
                 out += records[max(0, after_lsn + 1 - first):]
             else:
-                for r in records:
+                for j, r in enumerate(records):
                     lsn = r[0]
                     if expect is not None and lsn != expect and not (
                             lsn > expect and lsn <= after_lsn + 1):
-                        if salvage:
-                            break
-                        raise LogCorruptionError(path, 0, f"LSN {lsn} follows {expect - 1}: "
-                                                 "a segment is missing or out of order")
+                        offset = _record_offset(records, runs, j)
+                        detail = f"LSN {lsn} follows {expect - 1}: a segment is missing or out of order"
+                        if not salvage:
+                            raise LogCorruptionError(path, offset, detail)
+                        # The records from the gap on cannot be applied:
+                        # salvage gives up on them as on damage.
+                        del records[j:]
+                        salvaged = segments[i:]
+                        lost = (offset, detail)
+                        break
                     expect = lsn + 1
                     if lsn > after_lsn:
                         out.append(r)
+            if salvaged:
+                # Not sealed: truncate_through must not delete it once the
+                # records kept from it are checkpointed; set_aside moves it.
+                if records and records[-1][0] > after_lsn and self.durability != "none":
+                    self._sync_segment(path)
+                    synced = True
+                # How many records lie behind the damage cannot be known;
+                # how many bytes can.
+                salvaged_bytes = size - lost[0] + sum(map(os.path.getsize, segments[i + 1:]))
+                log.error("replay log %s is damaged at offset %d (%s): salvage applies the %d "
+                          "records before it and gives up on the %d bytes from there to the "
+                          "end of the log (stats().salvaged_bytes), moving %s aside",
+                          path, lost[0], lost[1], len(out), salvaged_bytes,
+                          ", ".join(map(os.path.basename, salvaged)))
+                break
             if os.path.exists(path):
                 self._sealed.append((path, records[-1][0] if records else 0))
                 self._sealed_bytes += size
                 if records and records[-1][0] > after_lsn and self.durability != "none":
                     self._sync_segment(path)
                     synced = True
-            if salvaged:
-                break
         if synced or torn:
             _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
-        return RecoveryResult(out, torn, torn_bytes, salvaged)
+        return RecoveryResult(out, torn, torn_bytes, salvaged, salvaged_bytes)
+
+    def set_aside(self, result: RecoveryResult) -> list[str]:
+        """Move the segments salvage gave up on aside; return their new paths.
+
+        Each ``replay-<LSN>.log`` becomes ``replay-<LSN>.log.damaged`` (an
+        existing file of that name, from an earlier salvage, is kept: the new
+        one is ``replay-<LSN>.log.<n>.damaged``), then the directory is
+        fsynced. Call only once every record :meth:`recover` kept from before
+        the damage is durably in the store, and before :meth:`start`: the new
+        segment may take the damaged one's name.
+        """
+        moved = []
+        for path in result.salvaged:
+            aside, n = path + ".damaged", 1
+            while os.path.exists(aside):
+                n += 1
+                aside = f"{path}.{n}.damaged"
+            os.replace(path, aside)
+            moved.append(aside)
+        if moved:
+            _fsync_dir(self.directory)
+            log.warning("replay log: moved the segments salvage gave up on aside: %s",
+                        ", ".join(f"{p} -> {os.path.basename(a)}"
+                                  for p, a in zip(result.salvaged, moved)))
+        return moved
 
     def _sync_segment(self, path: str) -> None:
         """fsync a segment found at recovery (through the :meth:`_fsync` seam)."""

@@ -106,6 +106,11 @@ class CacheStats:
     :ivar recovered_records: log records applied again at open.
     :ivar recovery_seconds: time spent on that recovery at open.
     :ivar torn_records: damaged records cut from the log's tail at open.
+    :ivar salvaged_bytes: bytes of the replay log that ``salvage_log=True``
+        gave up on at open (from the damage to the end of the log, moved aside
+        as ``*.damaged``); the writes they held are lost. 0 when nothing was
+        salvaged. Bytes, not records: what lies behind damage cannot be
+        counted.
     """
 
     hits: int = 0
@@ -133,6 +138,7 @@ class CacheStats:
     recovered_records: int = 0
     recovery_seconds: float = 0.0
     torn_records: int = 0
+    salvaged_bytes: int = 0
 
     @property
     def hit_ratio(self) -> float:

@@ -469,6 +469,13 @@ class SQLitePageStore:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+        if 0 < current < len(migrations):
+            # One way: there is no downgrade, and a durablekv that knows only
+            # the old version refuses the store from now on (SchemaVersionError).
+            log.warning("upgraded page store %s from schema version %d to %d (%s); a "
+                        "durablekv that supports only schema version %d can no longer open "
+                        "it", self.path, current, len(migrations),
+                        ", ".join(name for _, name, _ in migrations[current:]), current)
 
     def _settings(self, page_size: int | None, serializer: str) -> None:
         conn = self._w

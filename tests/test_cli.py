@@ -23,6 +23,7 @@ REPORT_KEYS = {
     "memory_hit_ratio", "store_hit_ratio", "evictions", "page_faults", "flushes",
     "flushed_pages", "cache_sets", "requests_per_second", "get_latency_p50_us",
     "get_latency_p99_us", "set_latency_p50_us", "set_latency_p99_us",
+    "overall_hit_ratio", "memory_slots",
 }
 
 LARGER_TRACES = ["cache2k_orm-busy.i32be", "arc_OLTP.lis", "scarab_recs.i64be",
@@ -48,6 +49,8 @@ def check_report(r: dict, requests: int) -> None:
     assert r["memory_hits"] + r["store_hits"] + r["misses"] == r["gets"]
     assert r["hit_ratio"] == pytest.approx((r["memory_hits"] + r["store_hits"]) / r["gets"])
     assert 0 <= r["memory_hit_ratio"] <= r["hit_ratio"] <= 1
+    assert r["overall_hit_ratio"] == r["hit_ratio"]
+    assert r["memory_slots"] == r["page_size"] * r["max_pages"]
     assert r["requests_per_second"] > 0
 
 
@@ -70,6 +73,37 @@ def test_replay_each_larger_trace_whole(tmp_path, name):
     expected = {"cache2k_orm-busy.i32be": 5_000_000, "arc_OLTP.lis": 914_145,
                 "scarab_recs.i64be": 1_245_184, "cloudPhysicsIO.csv": 113_872}[name]
     check_report(r, expected)
+
+
+def test_report_leads_with_the_memory_hit_ratio_the_one_an_lru_compares_with(tmp_path,
+                                                                            capsys):
+    """On cloudPhysics the store (which never evicts) serves most hits, so the
+    overall ratio is far above any LRU of the memory's size. The report leads
+    with the memory tier's ratio, which at page_size=1 is exactly an LRU's."""
+    from bench import sim
+
+    trace = trace_path("cloudPhysicsIO.csv")
+    r = replay_json(tmp_path, str(trace), "--limit", "20000", "--page-size", "1",
+                    "--max-pages", "490")
+    lru_hits = sim.lru(sim.load(trace, 20000), 490)
+    assert r["memory_hits"] == lru_hits
+    assert r["memory_hit_ratio"] == pytest.approx(lru_hits / r["gets"])
+    assert r["hit_ratio"] > 5 * r["memory_hit_ratio"]  # mostly store hits
+    lines = capsys.readouterr().out.splitlines()
+    ratios = [i for i, line in enumerate(lines) if "hit ratio" in line]
+    memory, overall = lines[ratios[0]], lines[ratios[1]]
+    assert memory.startswith("memory hit ratio") and f"{100 * r['memory_hit_ratio']:.2f} %" in memory
+    assert "LRU cache of 490 entries" in memory and "exactly" in lines[ratios[0] + 1]
+    assert overall.startswith("overall hit ratio") and f"{100 * r['hit_ratio']:.2f} %" in overall
+    assert "never evicts" in overall and "unbounded" in lines[ratios[1] + 1]
+
+
+def test_report_says_a_page_grained_memory_tier_is_not_an_exact_lru(tmp_path, capsys):
+    replay_json(tmp_path, "--requests", "2000", "--keys", "500", "--page-size", "4",
+                "--max-pages", "20")
+    out = capsys.readouterr().out
+    assert "LRU cache of 80 entries" in out and "whole pages of 4" in out
+    assert "--page-size 1 makes it exactly such an LRU" in out
 
 
 def test_replay_cachelib_sample_with_ttls_and_deletes(tmp_path):

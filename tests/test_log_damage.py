@@ -7,6 +7,7 @@ is. The real-process kills are in test_crash.py.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -79,6 +80,7 @@ def test_br022_zero_filled_tail_is_a_torn_tail(tmp_path):
     with Cache(tmp_path / "c") as cache:
         assert dict(cache.items()) == {"a": "A" * 10, "b": "B" * 10, "c": "C" * 10}
         assert cache.stats().torn_records == 1
+        assert cache.stats().salvaged_bytes == 0  # a torn tail is cut, not salvaged
 
 
 def test_garbage_over_the_last_record_is_a_torn_tail(tmp_path):
@@ -111,19 +113,60 @@ def test_br022_flipped_byte_before_the_tail_is_corruption(tmp_path, where):
         Cache(tmp_path / "c")
 
 
-def test_salvage_keeps_the_good_prefix_and_moves_the_file_aside(tmp_path):
+def test_salvage_keeps_the_good_prefix_and_moves_the_file_aside(tmp_path, caplog):
     seg, offsets = write_abc(tmp_path / "c")
     data = bytearray(Path(seg).read_bytes())
     data[offsets[1] + HEADER.size + 15] ^= 0xFF
     Path(seg).write_bytes(bytes(data))
-    with Cache(tmp_path / "c", salvage_log=True) as cache:
+    lost = len(data) - offsets[1]  # records b and c: how many is unknowable, the bytes are not
+    with caplog.at_level(logging.WARNING, logger="durablekv"):
+        cache = Cache(tmp_path / "c", salvage_log=True)
+    with cache:
         assert dict(cache.items()) == {"a": "A" * 10}
+        st = cache.stats()
+        assert (st.salvaged_bytes, st.torn_records) == (lost, 0)
         cache["e"] = "E"
+    (warning,) = [r.getMessage() for r in caplog.records if "salvage" in r.getMessage()
+                  and r.levelno >= logging.ERROR]
+    assert f"{lost} bytes" in warning and "salvaged_bytes" in warning and seg in warning
     assert Path(seg + ".damaged").read_bytes() == bytes(data)
     assert contents(tmp_path / "c") == {"a": "A" * 10, "e": "E"}
     result = check_directory(str(tmp_path / "c"))
     assert result.ok, result.lines     # the store is healthy ...
     assert any("salvage moved aside" in line for line in result.lines)  # ... and says so
+
+
+def test_a_missing_segment_is_corruption_and_salvage_sets_the_rest_aside(tmp_path):
+    """A segment deleted from the middle of the log leaves an LSN gap. Open
+    refuses it (naming the first record after the gap); salvage keeps what
+    lies before the gap and moves every segment after it aside, so later
+    writes can never meet those LSNs again."""
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=2048, **NEVER)
+    for i in range(300):
+        cache[f"k{i}"] = i
+    crash(cache)
+    segs = list_segments(str(d))
+    assert len(segs) > 4
+    os.unlink(segs[2])
+    kept = read_segment(segs[1])[0][-1].lsn
+    with pytest.raises(LogCorruptionError) as exc:
+        Cache(d)
+    assert exc.value.path == segs[3] and exc.value.offset == len(MAGIC)
+    with Cache(d, salvage_log=True, **NEVER) as cache:
+        assert dict(cache.items()) == {f"k{i}": i for i in range(kept)}
+        cache["after"] = "salvage"
+    assert list_segments(str(d)) == []
+    assert all(os.path.exists(s + ".damaged") for s in segs[3:])
+    assert cache.stats().salvaged_bytes == sum(
+        os.path.getsize(s + ".damaged") for s in segs[3:]) - len(MAGIC)
+    expected = {f"k{i}": i for i in range(kept)} | {"after": "salvage"}
+    assert contents(d) == expected
+    cache = Cache(d, segment_bytes=2048, **NEVER)  # new LSNs run past the old ones
+    for i in range(300):
+        cache[f"n{i}"] = i
+    crash(cache)
+    assert contents(d) == expected | {f"n{i}": i for i in range(300)}
 
 
 def test_damaged_magic_loses_no_record(tmp_path):

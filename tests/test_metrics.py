@@ -58,6 +58,7 @@ GAUGES = {
     "durablekv_last_lsn": "last_lsn",
     "durablekv_recovered_records": "recovered_records",
     "durablekv_recovery_torn_records": "torn_records",
+    "durablekv_recovery_salvaged_bytes": "salvaged_bytes",
     "durablekv_recovery_duration_seconds": "recovery_seconds",
 }
 HISTOGRAMS = ("durablekv_flush_duration_seconds", "durablekv_flush_pages")
@@ -197,6 +198,31 @@ def test_scrape_agrees_with_stats_after_real_traffic(tmp_path):
     assert value(samples, "durablekv_flush_pages_sum", "main") == stats.flushed_pages
     assert value(samples, "durablekv_resident_pages", "main") <= 4
     assert value(samples, "durablekv_max_pages", "main") == 4
+
+
+def test_a_salvaging_open_shows_the_bytes_it_gave_up(tmp_path):
+    from durablekv.replaylog import HEADER, MAGIC, list_segments
+
+    d = tmp_path / "c"
+    cache = open_cache(d, max_pages=100)
+    for i in range(10):
+        cache[f"k{i}"] = "v" * 50
+    cache._teardown(clean=False)  # as a killed process leaves it: nothing flushed
+    (seg,) = list_segments(str(d))
+    data = bytearray(Path(seg).read_bytes())
+    fifth = len(MAGIC)
+    for _ in range(4):
+        fifth += HEADER.size + HEADER.unpack_from(data, fifth)[0]
+    data[fifth + HEADER.size + 2] ^= 0xFF
+    Path(seg).write_bytes(bytes(data))
+    with open_cache(d, name="salvaged", salvage_log=True) as cache:
+        assert len(cache) == 4
+        with serve(cache, port=0) as server:
+            _, text = scrape(server.url)
+        stats = cache.stats()
+    assert stats.salvaged_bytes == len(data) - fifth > 0
+    samples = samples_by_key(text)
+    assert value(samples, "durablekv_recovery_salvaged_bytes", "salvaged") == stats.salvaged_bytes
 
 
 def test_every_design_family_is_exposed_with_help_and_cache_label(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import struct
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from durablekv import Cache, CorruptStoreError, codec
+from durablekv.cli import main
 from durablekv.store import (ASCII_KEYS, INT_KEYS, NO_TTL, RAW_BYTES, decode_page, encode_page,
                              page_columns, page_layout, split_page)
 
@@ -114,10 +116,8 @@ def _encode_v1(entries):
     return b"".join(out)
 
 
-def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
-    """A schema-1 store (version-1 page blobs) opens, reads every entry and
-    migrates to schema 2; pages written afterwards use version 2."""
-    d = tmp_path / "c"
+def make_version_1_store(d) -> None:
+    """A closed cache as a schema-1 durablekv left it: version-1 page blobs."""
     with Cache(d, page_size=4, max_pages=2) as cache:
         for i in range(40):
             cache[f"k{i}"] = b"v%d" % i
@@ -134,6 +134,21 @@ def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
                             ).fetchone()[0]
     conn.close()
     assert v1_blobs > 10
+
+
+def schema_version(d) -> int:
+    conn = sqlite3.connect(f"file:{d / STORE}?mode=ro", uri=True)
+    try:
+        return conn.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
+    """A schema-1 store (version-1 page blobs) opens, reads every entry and
+    migrates to schema 2; pages written afterwards use version 2."""
+    d = tmp_path / "c"
+    make_version_1_store(d)
     with Cache(d, max_pages=2) as cache:
         assert [cache[f"k{i}"] for i in range(40)] == [b"v%d" % i for i in range(40)]
         assert [cache[i] for i in range(40)] == list(range(40))
@@ -148,6 +163,39 @@ def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
     assert page_of_k0[:2] == b"\xff\xff"
     with Cache(d) as cache:
         assert cache["k0"] == b"new" and cache["k39"] == b"v39"
+
+
+def test_opening_a_version_1_store_says_it_upgrades_it(tmp_path, caplog):
+    """The upgrade is one way (an older durablekv then refuses the store), so
+    the open that does it says so; opens that upgrade nothing stay quiet."""
+    d = tmp_path / "c"
+    make_version_1_store(d)
+    with caplog.at_level(logging.INFO, logger="durablekv"):
+        with Cache(d) as cache:  # only reads
+            assert cache["k3"] == b"v3"
+    assert schema_version(d) == 2
+    (upgrade,) = [r for r in caplog.records if "upgraded" in r.getMessage()]
+    assert upgrade.levelno == logging.WARNING and upgrade.name == "durablekv.store"
+    msg = upgrade.getMessage()
+    assert str(d / STORE) in msg and "schema version 1 to 2" in msg
+    assert "0002_page_format_v2.sql" in msg and "can no longer open it" in msg
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="durablekv"):
+        Cache(d).close()                    # already at version 2
+        Cache(tmp_path / "new").close()     # a new store is created at version 2
+    assert not [r for r in caplog.records if "upgraded" in r.getMessage()]
+    assert schema_version(tmp_path / "new") == 2
+
+
+def test_check_does_not_upgrade_a_version_1_store(tmp_path, capsys):
+    d = tmp_path / "c"
+    make_version_1_store(d)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert main(["check", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "schema version 1" in out and "upgrades it to 2" in out and "healthy" in out
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # nothing written or added
+    assert schema_version(d) == 1
 
 
 @pytest.mark.parametrize("make_key", [lambda i: f"k{i}", lambda i: i, lambda i: ("t", i)])

@@ -179,6 +179,49 @@ def test_salvaged_records_survive_a_crash_right_after_open(tmp_path):
     assert contents(d) == {"a": "a" * 10, "e": "ee"}
 
 
+def test_salvage_killed_before_its_flush_loses_no_record_it_kept(tmp_path):
+    """A process opening with salvage_log=True is SIGKILLed after recovery
+    applied the records before the damage but before they reached SQLite.
+    The damaged segment is their only copy, so it must still be in place:
+    the next salvaging open finds the same damage and keeps them again."""
+    d = tmp_path / "c"
+    seg = _crash_after_abc(d)
+    data = bytearray(Path(seg).read_bytes())
+    second = len(MAGIC) + HEADER.size + HEADER.unpack_from(data, len(MAGIC))[0]
+    data[second + HEADER.size + 3] ^= 0xFF
+    Path(seg).write_bytes(bytes(data))
+    killed_open = textwrap.dedent("""
+        import os, signal, sys
+        from durablekv import Cache
+        from durablekv.batcher import WriteBehindBatcher
+        def killed(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        WriteBehindBatcher.flush_until = killed
+        Cache(sys.argv[1], salvage_log=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", killed_open, str(d)], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert Path(seg).read_bytes() == bytes(data)  # not moved aside yet
+    with Cache(d, salvage_log=True, **NEVER) as cache:
+        assert dict(cache.items()) == {"a": "a" * 10}
+    assert not os.path.exists(seg) and Path(seg + ".damaged").read_bytes() == bytes(data)
+    assert contents(d) == {"a": "a" * 10}
+
+
+def test_a_second_salvage_keeps_the_first_ones_evidence(tmp_path):
+    d = tmp_path / "c"
+    seg = _crash_after_abc(d)
+    Path(seg + ".damaged").write_bytes(b"from an earlier salvage")
+    data = bytearray(Path(seg).read_bytes())
+    data[len(MAGIC) + HEADER.size + 3] ^= 0xFF  # the first record: nothing is kept
+    Path(seg).write_bytes(bytes(data))
+    with Cache(d, salvage_log=True, **NEVER) as cache:
+        assert len(cache) == 0
+    assert Path(seg + ".damaged").read_bytes() == b"from an earlier salvage"
+    assert Path(seg + ".2.damaged").read_bytes() == bytes(data)
+
+
 @pytest.mark.parametrize("crash_after", [False, True])
 def test_durability_none_flushes_recovered_records_before_dropping_the_log(tmp_path,
                                                                           crash_after):

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from durablekv import Cache, ConfigError, CorruptStoreError, SchemaVersionError
+from durablekv import (Cache, CacheLockedError, ConfigError, CorruptStoreError,
+                       SchemaVersionError)
 from durablekv.cli import main
 
 STORE = "pages.sqlite3"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_store(d: Path, n: int = 300) -> None:
@@ -133,6 +139,62 @@ def test_check_refuses_an_open_cache_and_reports_the_log(tmp_path, capsys):
     assert main(["check", str(d)]) == 0
     out = capsys.readouterr().out
     assert "applied again at the next open" in out
+
+
+def test_check_changes_nothing_in_a_closed_cache(tmp_path, capsys):
+    """check reads: after a clean close it writes, creates and deletes no file
+    (a read-only SQLite connection would leave -wal and -shm files behind)."""
+    d = tmp_path / "c"
+    make_store(d)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert main(["check", str(d)]) == 0
+    assert "healthy" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def test_check_reads_what_a_crash_left_in_the_wal_and_changes_no_data(tmp_path, capsys):
+    """After a SIGKILL the last flush may live only in pages.sqlite3-wal: check
+    must read it there. It changes no data file; only SQLite's shared-memory
+    index (-shm), which every reader rebuilds, may be rewritten."""
+    d = tmp_path / "c"
+    writer = textwrap.dedent("""
+        import os, signal, sys
+        from durablekv import Cache
+        c = Cache(sys.argv[1], flush_interval=3600, flush_batch_pages=10**6)
+        for i in range(100):
+            c[i] = i
+        c.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", writer, str(d)], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert os.path.getsize(d / (STORE + "-wal")) > 0
+    data = {p.name: p.read_bytes() for p in d.iterdir() if not p.name.endswith("-shm")}
+    assert main(["check", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint_lsn=100" in out and "100 entries" in out  # only in the WAL
+    assert {p.name: p.read_bytes() for p in d.iterdir() if not p.name.endswith("-shm")} == data
+
+
+def test_no_cache_opens_the_directory_while_check_reads_it(tmp_path, monkeypatch):
+    import durablekv.check as check
+
+    d = tmp_path / "c"
+    make_store(d, 5)
+    refused = []
+    real = check._check_store
+
+    def open_meanwhile(directory, r):
+        with pytest.raises(CacheLockedError) as exc:
+            Cache(directory)
+        refused.append(exc.value)
+        return real(directory, r)
+    monkeypatch.setattr(check, "_check_store", open_meanwhile)
+    assert main(["check", str(d)]) == 0
+    assert refused
+    with Cache(d) as cache:  # and the lock is released afterwards
+        assert len(cache) == 5
 
 
 def damage_the_middle(d: Path) -> None:
