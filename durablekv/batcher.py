@@ -30,12 +30,13 @@ The batcher knows its collaborators only by these protocols:
   copies what is dirty), ``snapshot.size`` (pages in it),
   ``snapshot.build(indices=None, uncommitted=()) -> Batch`` (encodes, outside
   any lock; the checkpoint stays below the changes of ``uncommitted`` pages),
-  ``source.flush_done(snapshot, indices=None)`` and
+  ``source.flush_done(snapshot, indices, added)`` (``added``: the keys whose
+  index rows the commit added, as ``write_batch`` returned them) and
   ``source.flush_failed(snapshot, indices=None)``.
 * ``source.background_work()``: run in this thread before each cycle, for
   work that must not race with commits (the key filter's store scan).
-* ``store.write_batch(images, checkpoint_lsn, key_count, ttl_key_count, clear)``
-  and ``store.checkpoint_lsn``.
+* ``store.write_batch(images, checkpoint_lsn, key_count, ttl_key_count, clear)
+  -> added`` and ``store.checkpoint_lsn``.
 * ``log.sync()`` and ``log.truncate_through(lsn)`` (``log`` may be None).
 
 Errors: a failed cycle is counted, remembered and retried with exponential
@@ -296,10 +297,11 @@ class WriteBehindBatcher:
     def _commit(self, snap: Any, indices: list[int] | None, uncommitted: Any) -> None:
         """Write ``indices`` of ``snap`` (all when None) in one transaction."""
         batch = snap.build(indices, uncommitted)
+        added: list = []
         if batch.images or batch.clear or batch.checkpoint_lsn > self._store.checkpoint_lsn:
             t0 = _REAL[1]()
-            self._store.write_batch(batch.images, batch.checkpoint_lsn, batch.key_count,
-                                    batch.ttl_key_count, batch.clear)
+            added = self._store.write_batch(batch.images, batch.checkpoint_lsn, batch.key_count,
+                                            batch.ttl_key_count, batch.clear)
             dt = _REAL[1]() - t0
             self.flush_seconds.observe(dt)
             self.flush_pages.observe(len(batch.images))
@@ -307,7 +309,7 @@ class WriteBehindBatcher:
             self.flushed_pages += len(batch.images)
             self._cycle_pages += len(batch.images)
             self._cycle_rewritten += batch.rewritten
-        self._source.flush_done(snap, indices)
+        self._source.flush_done(snap, indices, added)
         with self._cond:
             self._durable_lsn = max(self._durable_lsn, self._store.checkpoint_lsn)
         if self._log is not None:

@@ -72,6 +72,9 @@ LOCK_FILE = "LOCK"
 _open_caches: "weakref.WeakValueDictionary[int, Cache]" = weakref.WeakValueDictionary()
 # fields of a recovered log record (lsn, op, key, value, expire_at)
 _OP_OF, _KEY_OF, _VALUE_OF, _EXPIRE_OF = (operator.itemgetter(i) for i in range(1, 5))
+#: Keys a flush added to the key index go into the key filter this many at a
+#: time, each slice under the cache lock (about 2 ms each).
+_FILTER_SLICE = 4096
 #: Pages read from the store per statement when recovery faults pages in.
 _FAULT_BATCH = 256
 
@@ -398,7 +401,6 @@ class Cache(MutableMapping):
         self._clear_pending = False
         self._clear_lsn = 0
         self._absent: Any = _MISSING  # a key just found absent from the store
-        self._absent_ck = b""          # ... and its canonical bytes
         # Bloom filter of the store's keys (see keyfilter.py): ready at once for
         # an empty store, else after the batcher's background scan.
         self._filter = KeyFilter(2 * store.key_count)
@@ -533,8 +535,7 @@ class Cache(MutableMapping):
         if len(new) < len(recs):
             recs = [recs[i] for i in new]
             keys = [keys[i] for i in new]
-            cks = [cks[i] for i in new]
-        self._insert_new_keys(recs, keys, cks, lsn, now)
+        self._insert_new_keys(recs, keys, lsn, now)
 
     def _merge_equal_keys(self, records, recs, keys, kbs, others, fresh):
         """Merge the final records of keys that are equal but were logged as
@@ -628,10 +629,11 @@ class Cache(MutableMapping):
                     if old is not None:
                         self._ttl_count -= 1
 
-    def _insert_new_keys(self, recs: list[tuple], keys: list[Any], cks: list[bytes],
-                         lsn: int, now: float) -> None:
+    def _insert_new_keys(self, recs: list[tuple], keys: list[Any], lsn: int,
+                         now: float) -> None:
         """Insert keys that are nowhere yet with their final sets (lock held;
-        back-pressure between batches of pages)."""
+        back-pressure between batches of pages). They enter the key filter
+        when a flush stores them (:meth:`flush_done`), not here."""
         if not recs:
             return
         tier = self._tier
@@ -647,7 +649,6 @@ class Cache(MutableMapping):
                 self._backpressure()
                 continue
             end = tier.insert_many(keys, held, expires, nbytes, now, lsn, pos, room)
-            self._filter_add_many(cks[pos:end])
             self._count += end - pos
             self._ttl_count += end - pos - expires[pos:end].count(None)
             pos = end
@@ -701,11 +702,11 @@ class Cache(MutableMapping):
             return None
         ck = _codec.canonical_key(key)
         if self._filter.ready and ck not in self._filter:
-            self._absent, self._absent_ck = key, ck
+            self._absent = key
             return None
         found = self._store.find(ck)
         if found is None:
-            self._absent, self._absent_ck = key, ck
+            self._absent = key
             return None
         pid = found[0]
         if pid in self._tier.pages:
@@ -823,8 +824,7 @@ class Cache(MutableMapping):
                 self._ttl_count += (expire_at is not None) - (old is not None)
         else:
             tier.insert(key, held, expire_at, now, lsn, nbytes)
-            self._filter_add(key, self._absent_ck if self._absent is key else None)
-            self._absent = _MISSING
+            self._absent = _MISSING  # (the key filter gets it when a flush stores it)
             self._count += 1
             if expire_at is not None:
                 self._ttl_count += 1
@@ -842,56 +842,48 @@ class Cache(MutableMapping):
         if self._tier.pending * 2 >= self.max_pending_pages:
             self._batcher.kick(urgent=True)
 
-    def _filter_add(self, key: Any, ck: bytes | None = None) -> None:
-        """A key entered the memory tier: it may reach the store (lock held)."""
-        if ck is None:
-            ck = _codec.canonical_key(key)
-        self._filter.add(ck)
-        building = self._filter_building
-        if building is not None:
-            if building is not self._filter:
-                building.add(ck)
-        elif self._filter.overfull:
-            self._start_filter_build(KeyFilter(4 * max(self._filter.added, self._count)))
-
     def _filter_add_many(self, cks: list[bytes]) -> None:
-        """:meth:`_filter_add` for many keys entering the memory tier (lock held).
+        """Add keys a flush just committed to the store's key index to the key
+        filter (lock held); start building a larger one when it is overfull.
 
-        A filter that is neither ready nor being built is never used again
-        (only the one being built becomes ready), so it is skipped."""
-        f, building = self._filter, self._filter_building
-        if building is not None:
-            building.add_many(cks)
-            if f is not building and f.ready:
-                f.add_many(cks)
-        else:
+        A filter being built (or not ready yet) gets nothing here: the
+        batcher's scan that completes it (:meth:`background_work`) starts
+        after the build did and reads every commit made before it, and no
+        commit happens between that scan and its merge (one thread does
+        both)."""
+        f = self._filter
+        if f.ready:
             f.add_many(cks)
-            if f.overfull:
+            if f.overfull and self._filter_building is None:
                 self._start_filter_build(KeyFilter(4 * max(f.added, self._count)))
 
     def _filter_reserve(self, n: int) -> None:
-        """Make room for ``n`` keys about to enter the memory tier (lock held):
-        size the filter they go into for them now, instead of rebuilding it
-        each time it fills up."""
+        """Make room for ``n`` new keys entering the memory tier at once
+        (recovery; lock held): the flushes that store them add them to the
+        filter, so size it for them now instead of rebuilding it each time
+        it fills up."""
         f, building = self._filter, self._filter_building
         target = f if building is None else building
         if target.added + n <= 2 * target.capacity:  # not overfull afterwards
             return
         if building is None and f.ready and f.added == 0:
-            # Nothing was ever added, so no key is in the store or in memory
-            # (a new or a cleared store): an empty bigger filter is as complete.
+            # No flush has added a key since this filter was complete, so the
+            # store holds none outside the pages in memory (a new or a cleared
+            # store; a commit whose flush_done is still to come adds its keys
+            # to whichever filter is current then): an empty bigger filter is
+            # as complete.
             self._filter = KeyFilter(2 * n)
             self._filter.ready = True
             return
         self._start_filter_build(KeyFilter(2 * (max(target.added, self._count) + n)))
 
     def _start_filter_build(self, target: KeyFilter) -> None:
-        """Start building ``target`` (lock held, or at open): every key in memory
-        now goes in at once, later inserts through :meth:`_filter_add`, and the
-        store's keys through the batcher's scan (:meth:`background_work`)."""
+        """Start building ``target`` (lock held, or at open): the store's keys go
+        in through the batcher's scan (:meth:`background_work`); once it is
+        the filter, later commits add theirs through :meth:`flush_done`. Keys
+        only in memory stay out of it: the page table finds them, and they go
+        in when a flush stores them."""
         self._filter_building = target
-        for key in self._tier.table:
-            target.add(_codec.canonical_key(key))
 
     def background_work(self) -> None:
         """Batcher thread, between cycles: scan the store's keys into the filter
@@ -1441,8 +1433,25 @@ class Cache(MutableMapping):
             self._store.pause_snapshot()  # a commit follows: see Store.pause_snapshot
             return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn)
 
-    def flush_done(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
+    def flush_done(self, snap: _Snapshot, indices: list[int] | None,
+                   added: list[bytes]) -> None:
+        """Record a committed flush of ``snap``'s items ``indices`` (all when
+        None); ``added``: the canonical keys whose index rows it added.
+
+        They go into the key filter first, and only then may their pages
+        leave memory (``tier.flushed`` drops a clean pending page): a key not
+        in the page table is in the filter if the store holds it (see
+        keyfilter.py). Many keys (the first flush after a recovery) go in
+        slices, the lock taken for each, so callers are not held up for the
+        whole add; no page leaves memory in between."""
+        start, n = 0, len(added)
+        while n - start > _FILTER_SLICE:
+            with self._lock:
+                self._filter_committed(snap, added[start:start + _FILTER_SLICE])
+            start += _FILTER_SLICE
         with self._lock:
+            if start < n:
+                self._filter_committed(snap, added[start:] if start else added)
             tier = self._tier
             for i in (range(len(snap.items)) if indices is None else indices):
                 p, version, kv = snap.items[i][:3]
@@ -1460,6 +1469,13 @@ class Cache(MutableMapping):
                 # does not while the flushed pages are still counted.
                 self._batcher.kick()
             self._cond.notify_all()
+
+    def _filter_committed(self, snap: _Snapshot, cks: list[bytes]) -> None:
+        """Keys ``snap``'s commit added to the key index go into the key filter
+        (lock held), unless the cache was cleared since the snapshot: the
+        next flush deletes them from the store, and their pages are gone."""
+        if self._clear_lsn == snap.clear_lsn:
+            self._filter_add_many(cks)
 
     def flush_failed(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
         with self._lock:

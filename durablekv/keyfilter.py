@@ -7,16 +7,27 @@ microsecond and without leaving Python (Bloom, "Space/time trade-offs in
 hash coding with allowable errors", CACM 1970; used the same way in front of
 LSM-tree runs by LevelDB and RocksDB).
 
-It must never give a false negative, so:
+The cache asks it only about keys that are not in the memory tier's page
+table, so it must never give a false negative for a key the store holds on
+a page that is not in memory. It holds:
 
-* every key that can reach the store is added when it enters the memory
-  tier (keys only ever reach SQLite from memory pages);
-* the keys already in the store when the cache opens are added by a scan
-  that the write-behind thread runs in the background; until that scan is
-  merged in, the filter is not *ready* and lookups go to SQLite;
+* every key a flush adds to the store's key index: the write-behind thread
+  adds them once the SQLite commit is done, under the cache lock, before
+  any of their pages may leave memory (a flushed page is dropped only after
+  that, and an unflushed page stays in the page table). A key that is only
+  in memory is found through the page table, so a new key costs its
+  setter, and recovery's open, no filter add;
+* the keys already in the store when the cache opens: a scan that the
+  write-behind thread runs in the background, between flushes. It starts
+  after the build did, so it reads every commit made before it, and no
+  commit lands between the scan and its merge (one thread does both);
+  later commits add their keys to the filter it has become. Until that
+  scan is merged in, the filter is not *ready* and lookups go to SQLite;
 * deleting a key does not remove it (a plain Bloom filter cannot), which
   only raises the false-positive rate; when more keys were added than the
-  filter was sized for, the cache builds a larger one the same way.
+  filter was sized for, the cache builds a larger one the same way. A
+  ``clear()`` starts an empty one: the store is emptied by the next flush,
+  and until then the cache consults neither the filter nor the store.
 
 Sizing: 12 bits and 4 probes per key give about 0.6 % false positives at
 capacity. The probes come from Python's (SipHash) hash of the key's

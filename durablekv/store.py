@@ -606,7 +606,7 @@ class SQLitePageStore:
     # -- writes (batcher thread) -------------------------------------------------------
 
     def write_batch(self, images: Sequence[PageImage], checkpoint_lsn: int, key_count: int,
-                    ttl_key_count: int, clear: bool = False) -> None:
+                    ttl_key_count: int, clear: bool = False) -> list[bytes]:
         """Write pages, index changes and the checkpoint LSN in ONE transaction.
 
         Index rows are written as changes only: a page never stored before
@@ -616,6 +616,9 @@ class SQLitePageStore:
         many per statement (see :meth:`_insert_many`).
 
         :param clear: delete every page and index row first (``Cache.clear()``).
+        :returns: the canonical keys of the index rows this commit added (a
+            key the page did not hold when last stored); the cache adds them
+            to its key filter (see :mod:`durablekv.keyfilter`).
         :raises StoreError: the transaction failed and was rolled back.
         """
         conn = self._w
@@ -626,6 +629,7 @@ class SQLitePageStore:
                     conn.execute("DELETE FROM pages")
                     conn.execute("DELETE FROM keys")
                 upserts: list[tuple] = []   # (key, page_id, expire_at, orig) to write
+                added: list[bytes] = []      # keys of rows new to the index
                 gone: list[tuple[bytes, int]] = []   # (key, page_id) rows to delete
                 emptied: list[tuple[int]] = []       # pages to delete with their rows
                 page_rows: list[tuple] = []          # (page_id, n_entries, data)
@@ -641,9 +645,10 @@ class SQLitePageStore:
                     if rows is None:
                         continue
                     if stored:
-                        self._index_changes(conn, pid, rows, upserts, gone)
+                        self._index_changes(conn, pid, rows, upserts, gone, added)
                     else:
                         upserts += [(k, pid, e, o) for k, e, o in rows]
+                        added += map(_first, rows)
                 if emptied:
                     conn.executemany("DELETE FROM keys WHERE page_id = ?", emptied)
                     conn.executemany("DELETE FROM pages WHERE page_id = ?", emptied)
@@ -670,18 +675,24 @@ class SQLitePageStore:
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
+        return added
 
     @staticmethod
     def _index_changes(conn: sqlite3.Connection, pid: int,
                        rows: Sequence[tuple[bytes, float | None, bytes | None]],
-                       upserts: list[tuple], gone: list[tuple[bytes, int]]) -> None:
+                       upserts: list[tuple], gone: list[tuple[bytes, int]],
+                       added: list[bytes]) -> None:
         """Add to ``upserts``/``gone`` what turns page ``pid``'s committed index
-        rows into ``rows`` (a page that only grew inserts just its new keys)."""
+        rows into ``rows`` (a page that only grew inserts just its new keys),
+        and to ``added`` the keys the page did not hold."""
         have = {k: (e, o) for k, e, o in conn.execute(
             "SELECT key, expire_at, orig FROM keys WHERE page_id = ?", (pid,))}
         for k, e, o in rows:
             old = have.pop(k, None)
-            if old is None or old[0] != e or old[1] != o:
+            if old is None:
+                upserts.append((k, pid, e, o))
+                added.append(k)
+            elif old[0] != e or old[1] != o:
                 upserts.append((k, pid, e, o))
         for k in have:
             gone.append((k, pid))

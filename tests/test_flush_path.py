@@ -393,10 +393,11 @@ def test_pages_dirtied_during_a_flush_are_flushed_right_after_it(tmp_path, monke
             if not calls:
                 first_started.set()
                 assert release.wait(10)
-            real(images, *args, **kwargs)
+            added = real(images, *args, **kwargs)
             with done:
                 calls.append(len(images))
                 done.notify_all()
+            return added
 
         monkeypatch.setattr(cache._store, "write_batch", write_batch)
         cache["a"], cache["b"] = 1, 2           # 2 dirty pages: the writers' kick
