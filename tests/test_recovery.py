@@ -163,15 +163,19 @@ def test_a_torn_tail_is_cut_for_good_before_the_flush(tmp_path):
     cache.close()
 
 
-def test_salvaged_records_survive_a_crash_right_after_open(tmp_path):
-    """Salvage moves the damaged segment aside, good prefix included: those
-    records must reach SQLite before open returns."""
-    d = tmp_path / "c"
-    seg = _crash_after_abc(d)
+def _damage_second_record(seg: str) -> None:
+    """Flip a payload byte of the second record in log segment ``seg``."""
     data = bytearray(Path(seg).read_bytes())
     second = len(MAGIC) + HEADER.size + HEADER.unpack_from(data, len(MAGIC))[0]
     data[second + HEADER.size + 3] ^= 0xFF
     Path(seg).write_bytes(bytes(data))
+
+
+def test_salvaged_records_survive_a_crash_right_after_open(tmp_path):
+    """Salvage moves the damaged segment aside, good prefix included: those
+    records must reach SQLite before open returns."""
+    d = tmp_path / "c"
+    _damage_second_record(_crash_after_abc(d))
     cache = Cache(d, salvage_log=True, **NEVER)
     assert dict(cache.items()) == {"a": "a" * 10}
     cache["e"] = "ee"
@@ -186,10 +190,8 @@ def test_salvage_killed_before_its_flush_loses_no_record_it_kept(tmp_path):
     the next salvaging open finds the same damage and keeps them again."""
     d = tmp_path / "c"
     seg = _crash_after_abc(d)
-    data = bytearray(Path(seg).read_bytes())
-    second = len(MAGIC) + HEADER.size + HEADER.unpack_from(data, len(MAGIC))[0]
-    data[second + HEADER.size + 3] ^= 0xFF
-    Path(seg).write_bytes(bytes(data))
+    _damage_second_record(seg)
+    data = Path(seg).read_bytes()
     killed_open = textwrap.dedent("""
         import os, signal, sys
         from durablekv import Cache
@@ -202,10 +204,10 @@ def test_salvage_killed_before_its_flush_loses_no_record_it_kept(tmp_path):
     proc = subprocess.run([sys.executable, "-c", killed_open, str(d)], capture_output=True,
                           text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert Path(seg).read_bytes() == bytes(data)  # not moved aside yet
+    assert Path(seg).read_bytes() == data  # not moved aside yet
     with Cache(d, salvage_log=True, **NEVER) as cache:
         assert dict(cache.items()) == {"a": "a" * 10}
-    assert not os.path.exists(seg) and Path(seg + ".damaged").read_bytes() == bytes(data)
+    assert not os.path.exists(seg) and Path(seg + ".damaged").read_bytes() == data
     assert contents(d) == {"a": "a" * 10}
 
 
