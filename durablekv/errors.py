@@ -26,6 +26,8 @@ rendered in the message, which says what happened, where, and what to do.
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
     "DurableKVError",
     "CacheLockedError",
@@ -58,6 +60,14 @@ class CacheLockedError(DurableKVError):
     def __init__(self, path: str, pid: int | None) -> None:
         self.path = path
         self.pid = pid
+        if pid is not None and pid == os.getpid():
+            super().__init__(
+                f"cache directory {path!r} is already open in this process ({pid}), by another "
+                "Cache object that was not closed (a Cache dropped without close() stays "
+                "open until the process exits); close() that one first, or use "
+                "'with Cache(...)' so that it closes itself"
+            )
+            return
         owner = f"process {pid}" if pid else "another process"
         super().__init__(
             f"cache directory {path!r} is already open in {owner}; "

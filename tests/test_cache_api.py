@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gc
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import durablekv
 from durablekv import Cache, CacheStats
 from durablekv.errors import (CacheClosedError, CacheLockedError, ConfigError, DurableKVError)
-from .conftest import open_cache
+from .conftest import open_cache, opened
 
 SHAPES = {
     "roomy": dict(),
@@ -474,12 +475,26 @@ def test_second_open_in_same_process_is_locked_with_pid(tmp_path):
             open_cache(tmp_path / "c")
         assert info.value.pid == os.getpid()
         assert str(os.getpid()) in str(info.value)
+        assert "this process" in str(info.value) and "close()" in str(info.value)
         c["still"] = "works"
         assert c["still"] == "works"
     finally:
         c.close()
     with open_cache(tmp_path / "c") as c2:  # released by close()
         assert c2["still"] == "works"
+
+
+def test_a_dropped_cache_keeps_the_directory_and_the_error_says_why(tmp_path):
+    c = open_cache(tmp_path / "c")
+    c["a"] = 1
+    batcher = c._batcher  # (only to close it at the end: it keeps the cache)
+    del c
+    gc.collect()
+    with pytest.raises(CacheLockedError, match="was not closed"):
+        open_cache(tmp_path / "c")
+    batcher._source.close()
+    with opened(tmp_path / "c") as c:
+        assert c["a"] == 1
 
 
 def test_second_open_from_another_process_is_locked_with_pid(tmp_path):
