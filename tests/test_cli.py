@@ -171,6 +171,29 @@ def test_bad_options_are_rejected_by_the_parser(capsys):
     assert "max-pages" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, unknown", [
+    (["replay", "--bogus"], "--bogus"), (["replay", "t.lis", "extra"], "extra"),
+    (["check", "--bogus", "DIR"], "--bogus"), (["check", "DIR", "extra"], "extra")])
+def test_unknown_argument_after_a_subcommand_shows_that_subcommands_usage(argv, unknown, capsys):
+    """Not the top-level usage (``durablekv [-h] [--version] {replay,check}``),
+    which does not list the options the user was looking for."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: durablekv {argv[0]} [-h]"), err
+    assert f"durablekv {argv[0]}: error: unrecognized arguments: {unknown}\n" in err, err
+    if argv[0] == "replay":
+        assert "--salvage-log" in err  # the subcommand's own options are listed
+
+
+def test_unknown_argument_before_the_subcommand_shows_the_top_level_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--bogus", "replay"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: durablekv [-h] [--version]")
+
+
 def test_cli_errors_are_one_line_messages(tmp_path, capsys):
     """No traceback for a directory as TRACE, a bad port, --hold alone, a bad --json path."""
     (tmp_path / "adir").mkdir()
