@@ -22,6 +22,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 
+from .cache import LOCK_FILE, lock_owner_pid
 from .codec import canonical_key, decode_key
 from .replaylog import is_torn_tail, list_segments, read_segment
 from .store import STORE_FILE, decode_page, migration_files
@@ -61,10 +62,10 @@ def check_directory(directory: str) -> CheckResult:
                                     else "no such directory"))
         return _finish(r)
     if not (os.path.exists(os.path.join(directory, STORE_FILE)) or list_segments(directory)
-            or os.path.exists(os.path.join(directory, "LOCK"))):
+            or os.path.exists(os.path.join(directory, LOCK_FILE))):
         r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)")
         return _finish(r)
-    lock = os.path.join(directory, "LOCK")
+    lock = os.path.join(directory, LOCK_FILE)
     lock_fd = None
     if os.path.exists(lock):
         # Held shared until the check is done: a cache opening meanwhile
@@ -73,8 +74,15 @@ def check_directory(directory: str) -> CheckResult:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
+            pid = lock_owner_pid(lock_fd)
             os.close(lock_fd)
-            r.error(f"{directory} is open in another process; close it and check again")
+            if pid == os.getpid():
+                owner = (f"this process ({pid}), by a Cache that was not closed; close() it "
+                         "and check again")
+            else:
+                owner = (f"process {pid}" if pid is not None else "another process") + \
+                    "; close the cache there (or let that process exit) and check again"
+            r.error(f"{directory} is open in {owner}")
             return _finish(r)
     try:
         _check_contents(directory, r)

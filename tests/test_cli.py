@@ -252,6 +252,31 @@ def test_check_tells_errors_from_damage(tmp_path, capsys):
     assert "not a durablekv cache directory" in capsys.readouterr().out
 
 
+def test_check_names_the_process_that_holds_the_cache_open(tmp_path, capsys):
+    """As CacheLockedError does: the pid comes from the LOCK file."""
+    d = tmp_path / "c"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    owner = subprocess.Popen([sys.executable, "-c",
+                              "import sys\nfrom durablekv import Cache\n"
+                              "c = Cache(sys.argv[1]); c['x'] = 1\nprint('open', flush=True)\n"
+                              "sys.stdin.readline()\nc.close()\n", str(d)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert owner.stdout.readline().strip() == "open"
+        assert main(["check", str(d)]) == 2
+        out = capsys.readouterr().out
+        assert f"{d} is open in process {owner.pid}; close the cache there" in out, out
+        assert "NOT CHECKED" in out and "DAMAGE" not in out
+        owner.stdin.write("\n")
+        owner.stdin.flush()
+        assert owner.wait(timeout=60) == 0
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+    assert main(["check", str(d)]) == 0  # closed: checked, and healthy
+
+
 def test_replay_options_that_cannot_apply_are_refused(tmp_path, capsys):
     trace = tmp_path / "t.lis"
     trace.write_text("1 1 0 1\n")
