@@ -1572,15 +1572,22 @@ def _acquire_dir_lock(path: str) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        try:
-            pid = int(os.pread(fd, 32, 0).split()[0])
-        except (ValueError, IndexError, OSError):
-            pid = None
+        pid = lock_owner_pid(fd)
         os.close(fd)
         raise CacheLockedError(path, pid) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def lock_owner_pid(fd: int) -> int | None:
+    """The pid the owner of a cache directory wrote into its ``LOCK`` file
+    (open as ``fd``), or None when there is none to read (the file is empty:
+    the owner is between taking the lock and writing its pid)."""
+    try:
+        return int(os.pread(fd, 32, 0).split()[0])
+    except (ValueError, IndexError, OSError):
+        return None
 
 
 def _release_dir_lock(fd: int) -> None:

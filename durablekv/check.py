@@ -10,20 +10,26 @@ a store written by an older durablekv keeps its schema version):
    entry of every page has an index row pointing at that page with the same
    expire_at, and every index row points at a page holding its key), and
    that the stored key count matches;
-3. the replay log: every record's length and CRC, LSN continuity, torn
-   tails (repaired at the next open, not damage) and records not yet
-   checkpointed (applied again at the next open).
+3. the replay log, read as the next open reads it: every record's length
+   and CRC, LSN continuity, torn tails (repaired at the next open, not
+   damage), damage and LSN gaps that can hide only records at or below the
+   store's checkpoint (the store holds them, the open steps over them: not
+   damage either), and records not yet checkpointed (applied again at the
+   next open). Damage that can hide later records is damage: the open
+   refuses it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import sqlite3
 from dataclasses import dataclass, field
 
+from .cache import LOCK_FILE, lock_owner_pid
 from .codec import canonical_key, decode_key
-from .replaylog import is_torn_tail, list_segments, read_segment
+from .replaylog import list_segments, scan_segment
 from .store import STORE_FILE, decode_page, migration_files
 
 __all__ = ["check_directory", "CheckResult"]
@@ -61,10 +67,10 @@ def check_directory(directory: str) -> CheckResult:
                                     else "no such directory"))
         return _finish(r)
     if not (os.path.exists(os.path.join(directory, STORE_FILE)) or list_segments(directory)
-            or os.path.exists(os.path.join(directory, "LOCK"))):
+            or os.path.exists(os.path.join(directory, LOCK_FILE))):
         r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)")
         return _finish(r)
-    lock = os.path.join(directory, "LOCK")
+    lock = os.path.join(directory, LOCK_FILE)
     lock_fd = None
     if os.path.exists(lock):
         # Held shared until the check is done: a cache opening meanwhile
@@ -73,8 +79,15 @@ def check_directory(directory: str) -> CheckResult:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
+            pid = lock_owner_pid(lock_fd)
             os.close(lock_fd)
-            r.error(f"{directory} is open in another process; close it and check again")
+            if pid == os.getpid():
+                owner = (f"this process ({pid}), by a Cache that was not closed; close() it "
+                         "and check again")
+            else:
+                owner = (f"process {pid}" if pid is not None else "another process") + \
+                    "; close the cache there (or let that process exit) and check again"
+            r.error(f"{directory} is open in {owner}")
             return _finish(r)
     try:
         _check_contents(directory, r)
@@ -205,31 +218,80 @@ def _check_store(directory: str, r: CheckResult) -> int:
         conn.close()
 
 
+#: What a damaged log asks of the user: the next open refuses it.
+_SALVAGE_ADVICE = ("the next open refuses the log (LogCorruptionError). Open with "
+                   "salvage_log=True (durablekv replay --salvage-log) to keep the records "
+                   "before it and move this segment and every later one aside, losing the "
+                   "records from there on, or restore the directory from a backup")
+
+
 def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
+    """Read the log as the next open will (:func:`~durablekv.replaylog.scan_segment`):
+    damage or an LSN gap that can hide only records at or below the
+    checkpoint loses nothing, and recovery steps over it, so it is a note."""
     segments = list_segments(directory)
     if not segments:
         r.good("replay log: empty (cleanly closed)")
         return
     expect = None
     pending = 0
+    after_damaged_end = False  # the previous segment's damaged end was stepped over
     for i, path in enumerate(segments):
-        records, good_end, damage, size = read_segment(path)
-        for rec in records:
-            if expect is not None and rec.lsn != expect:
-                r.bad(f"{path}: LSN {rec.lsn} follows {expect - 1} (a gap)")
-            expect = rec.lsn + 1
-            if rec.lsn > checkpoint:
+        last = i == len(segments) - 1
+        with open(path, "rb") as f:
+            data = f.read()
+        scan = scan_segment(data, checkpoint, None if last else segments[i + 1])
+        # records that follow damage stepped over: a gap before them is that damage's
+        resumed = set(itertools.accumulate(count for _offset, count in scan.runs[:-1]))
+        if after_damaged_end:
+            resumed.add(0)
+        for j, rec in enumerate(scan.records):
+            lsn = rec[0]
+            if expect is not None and lsn != expect:
+                if expect < lsn <= checkpoint + 1:
+                    if j not in resumed:
+                        r.note(f"{path}: LSN {lsn} follows {expect - 1}; the records between "
+                               f"are missing, but they are already in the store (checkpoint "
+                               f"{checkpoint}), so nothing is lost")
+                else:
+                    r.bad(f"{path}: LSN {lsn} follows {expect - 1} (a gap: a segment is "
+                          f"missing or out of order); {_SALVAGE_ADVICE}")
+            expect = lsn + 1
+            if lsn > checkpoint:
                 pending += 1
-        if damage is not None:
-            last = i == len(segments) - 1
-            tail = last and is_torn_tail(path, damage, size)
-            if tail:
-                r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
-                       f"{size - good_end} bytes); it is cut off at the next open")
+        after_damaged_end = bool(scan.stepped_over) and scan.stepped_over[-1][1] is None
+        damage = scan.damage
+        refused = damage is not None and (not last or scan.intact_after)
+        if scan.stepped_over:
+            # What the open does (ReplayLog.recover, then truncate_through at
+            # the store's checkpoint): the segment stays only while it holds
+            # records the store lacks.
+            last_lsn = scan.records[-1][0] if scan.records else 0
+            if refused:
+                then = ""  # the open refuses this segment anyway: DAMAGE below
+            elif last_lsn <= checkpoint:
+                then = (": the next open steps over them and deletes this segment (all its "
+                        "records are in the store)")
             else:
-                r.bad(f"{path}: damaged record at offset {damage.offset} ({damage.detail})")
-        else:
-            r.good(f"{path}: {len(records)} records, CRCs ok")
+                then = (": the next open steps over them, and deletes this segment once a "
+                        f"checkpoint passes its last record, LSN {last_lsn} (at the first "
+                        "write-behind flush after the open, or at close)")
+            for skipped, resume in scan.stepped_over:
+                what = "damaged bytes" if resume is not None else "a damaged end"
+                r.note(f"{path}: {what} at offset {skipped.offset} ({skipped.detail}); the "
+                       f"records there are already in the store (at or below checkpoint "
+                       f"{checkpoint}), so nothing is lost{then}")
+        if damage is None:
+            if not scan.stepped_over:
+                r.good(f"{path}: {len(scan.records)} records, CRCs ok")
+        elif last and not scan.intact_after:
+            r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
+                   f"{len(data) - scan.good_end} bytes); it is cut off at the next open")
+        else:  # refused
+            r.bad(f"{path}: damaged record at offset {damage.offset} ({damage.detail}); the "
+                  f"damage covers records after checkpoint {checkpoint}, which the store "
+                  f"does not hold, so {_SALVAGE_ADVICE}")
+            expect = None  # the gap behind the damage is this damage, not another
     if pending:
         r.note(f"replay log: {pending} records after checkpoint {checkpoint} are applied "
                "again at the next open")

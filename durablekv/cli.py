@@ -296,10 +296,26 @@ def _positive_float(text: str) -> float:
     return v
 
 
+class _SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: it refuses arguments it does not know itself.
+
+    argparse hands a subcommand's unknown arguments back to the top-level
+    parser, which then prints its own usage (``durablekv [-h] [--version]
+    {replay,check} ...``) instead of the subcommand's options. Refused here,
+    the error comes with ``usage: durablekv replay ...`` (exit status 2).
+    """
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="durablekv", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"durablekv {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_SubcommandParser)
 
     p = sub.add_parser("replay", help="replay a cache trace (or a Zipf workload) and report",
                        description="Replay a cache access trace through durablekv as look-aside "

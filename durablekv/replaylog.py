@@ -230,22 +230,67 @@ def _first_lsn_of(path: str) -> int:
         return 0
 
 
-def is_torn_tail(path: str, damage: "_Damage", size: int) -> bool:
-    """Whether damage found in the LAST segment is a torn write from a crash.
+class SegmentScan(NamedTuple):
+    """What :func:`scan_segment` found in one segment.
 
-    A crash can only damage the end of the log: the record being appended is
-    cut short, or (after a power loss on some file systems) the tail is
-    zero-filled or holds garbage. So the damage is a torn tail exactly when
-    no intact record starts anywhere after it; an intact record behind the
-    damage means the middle of the log is corrupt, and dropping the tail
-    would drop acknowledged writes.
+    :ivar records: the intact records, as plain ``(lsn, op, key, value,
+        expire_at)`` tuples, in file order.
+    :ivar runs: ``(offset, count)`` of each run of contiguous records parsed
+        (a run ends at damage that was stepped over).
+    :ivar stepped_over: ``(damage, resume_offset)`` for each damage stepped
+        over because every record it can hide is at or below ``after_lsn``;
+        ``resume_offset`` is the next intact record, or None when the damage
+        runs to the end of the file (the next segment continues the log).
+    :ivar damage: the first damage not stepped over, or None; parsing
+        stopped there.
+    :ivar good_end: where ``damage`` starts (the file size when None).
+    :ivar intact_after: an intact record lies behind ``damage``.
     """
-    with open(path, "rb") as f:
-        data = f.read()
-    tail = data[damage.offset:]
-    if tail.count(0) == len(tail):
-        return True
-    return _next_intact_record(data, damage.offset + 1) is None
+
+    records: list[tuple]
+    runs: list[tuple[int, int]]
+    stepped_over: list[tuple[_Damage, int | None]]
+    damage: _Damage | None
+    good_end: int
+    intact_after: bool
+
+
+def scan_segment(data: bytes, after_lsn: int, next_segment: str | None) -> SegmentScan:
+    """Parse a segment's bytes as recovery does, given the checkpoint ``after_lsn``.
+
+    ``next_segment`` is the path of the segment after this one (None for the
+    last). Damage is stepped over when it can hide only records the store
+    already holds: the first record behind it (the next intact record in
+    this file, else the first of the next segment) has an LSN at or below
+    ``after_lsn + 1``. Parsing stops at any other damage.
+
+    Damage in the LAST segment with no intact record behind it is a torn
+    write from a crash (``intact_after`` False): a crash can only damage the
+    end of the log (the record being appended is cut short, or after a power
+    loss on some file systems the tail is zero-filled or holds garbage). An
+    intact record behind the damage means the middle of the log is corrupt,
+    and dropping the tail would drop acknowledged writes.
+    """
+    records: list[tuple] = []
+    runs: list[tuple[int, int]] = []
+    stepped: list[tuple[_Damage, int | None]] = []
+    pos: int | None = None
+    while True:
+        recs, good_end, damage = _parse_segment(data, pos)
+        runs.append((len(MAGIC) if pos is None else pos, len(recs)))
+        records += recs
+        if damage is None:
+            return SegmentScan(records, runs, stepped, None, good_end, False)
+        nxt = _next_intact_record(data, damage.offset + 1)
+        if nxt is not None:
+            if HEADER.unpack_from(data, nxt)[2] <= after_lsn + 1:
+                stepped.append((damage, nxt))
+                pos = nxt
+                continue
+        elif next_segment is not None and _first_lsn_of(next_segment) <= after_lsn + 1:
+            stepped.append((damage, None))
+            return SegmentScan(records, runs, stepped, None, len(data), False)
+        return SegmentScan(records, runs, stepped, damage, good_end, nxt is not None)
 
 
 def _next_intact_record(data: bytes, start: int) -> int | None:
@@ -371,56 +416,43 @@ class ReplayLog:
             with open(path, "rb") as f:
                 data = f.read()
             size = len(data)
-            records: list[tuple] = []
-            runs: list[tuple[int, int]] = []  # (offset, record count) of each parsed run
-            pos: int | None = None
-            while True:
-                recs, good_end, damage = _parse_segment(data, pos)
-                runs.append((len(MAGIC) if pos is None else pos, len(recs)))
-                records += recs
-                if damage is None:
-                    break
-                # Damage that holds only records the store already has (every
-                # record behind it is at or below the checkpoint) loses
-                # nothing: step over it to the next intact record.
-                nxt = _next_intact_record(data, damage.offset + 1)
-                if nxt is not None and HEADER.unpack_from(data, nxt)[2] <= after_lsn + 1:
-                    pos = nxt
-                    self.skipped_damage += 1
-                    log.warning("replay log %s: skipped damaged bytes at offset %d (%s); the "
-                                "records there are already in the store", path, damage.offset,
-                                damage.detail)
-                    continue
-                if nxt is None and not last and _first_lsn_of(segments[i + 1]) <= after_lsn + 1:
-                    self.skipped_damage += 1
-                    log.warning("replay log %s: skipped a damaged end at offset %d (%s); the "
-                                "records there are already in the store", path, damage.offset,
-                                damage.detail)
-                    break
-                if last and nxt is None:
-                    # a torn tail (see is_torn_tail): a crash cut the last append short
-                    torn += 1
-                    torn_bytes += size - good_end
-                    log.warning("replay log %s: cut a torn tail of %d bytes at offset %d (%s)",
-                                path, size - good_end, damage.offset, damage.detail)
-                    if good_end == 0:
-                        os.unlink(path)
-                    else:
-                        with open(path, "r+b") as f:
-                            f.truncate(good_end)
-                            f.flush()
-                            os.fsync(f.fileno())
-                    size = good_end
-                    break
-                if not salvage:
-                    raise LogCorruptionError(path, damage.offset, damage.detail)
+            # Damage that holds only records the store already has (every
+            # record behind it is at or below the checkpoint) loses nothing:
+            # the scan steps over it to the next intact record.
+            scan = scan_segment(data, after_lsn, None if last else segments[i + 1])
+            records, runs = scan.records, scan.runs
+            for skipped, resume in scan.stepped_over:
+                self.skipped_damage += 1
+                log.warning("replay log %s: skipped %s at offset %d (%s); the records there "
+                            "are already in the store", path,
+                            "a damaged end" if resume is None else "damaged bytes",
+                            skipped.offset, skipped.detail)
+            damage, good_end = scan.damage, scan.good_end
+            if damage is None:
+                pass
+            elif last and not scan.intact_after:
+                # a torn tail (see scan_segment): a crash cut the last append short
+                torn += 1
+                torn_bytes += size - good_end
+                log.warning("replay log %s: cut a torn tail of %d bytes at offset %d (%s)",
+                            path, size - good_end, damage.offset, damage.detail)
+                if good_end == 0:
+                    os.unlink(path)
+                else:
+                    with open(path, "r+b") as f:
+                        f.truncate(good_end)
+                        f.flush()
+                        os.fsync(f.fileno())
+                size = good_end
+            elif not salvage:
+                raise LogCorruptionError(path, damage.offset, damage.detail)
+            else:
                 # Later segments cannot be applied without the records lost
                 # here. Nothing moves yet: until the records kept from before
                 # the damage are in the store, this file is their only copy
                 # (see set_aside).
                 salvaged = segments[i:]
                 lost = (damage.offset, damage.detail)
-                break
             first = records[0][0] if records else None
             if records and (expect is None or first == expect) and \
                     list(map(_LSN_OF, records)) == list(range(first, first + len(records))):

@@ -171,6 +171,29 @@ def test_bad_options_are_rejected_by_the_parser(capsys):
     assert "max-pages" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, unknown", [
+    (["replay", "--bogus"], "--bogus"), (["replay", "t.lis", "extra"], "extra"),
+    (["check", "--bogus", "DIR"], "--bogus"), (["check", "DIR", "extra"], "extra")])
+def test_unknown_argument_after_a_subcommand_shows_that_subcommands_usage(argv, unknown, capsys):
+    """Not the top-level usage (``durablekv [-h] [--version] {replay,check}``),
+    which does not list the options the user was looking for."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: durablekv {argv[0]} [-h]"), err
+    assert f"durablekv {argv[0]}: error: unrecognized arguments: {unknown}\n" in err, err
+    if argv[0] == "replay":
+        assert "--salvage-log" in err  # the subcommand's own options are listed
+
+
+def test_unknown_argument_before_the_subcommand_shows_the_top_level_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--bogus", "replay"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: durablekv [-h] [--version]")
+
+
 def test_cli_errors_are_one_line_messages(tmp_path, capsys):
     """No traceback for a directory as TRACE, a bad port, --hold alone, a bad --json path."""
     (tmp_path / "adir").mkdir()
@@ -227,6 +250,31 @@ def test_check_tells_errors_from_damage(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["check", str(tmp_path / "empty")]) == 2
     assert "not a durablekv cache directory" in capsys.readouterr().out
+
+
+def test_check_names_the_process_that_holds_the_cache_open(tmp_path, capsys):
+    """As CacheLockedError does: the pid comes from the LOCK file."""
+    d = tmp_path / "c"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    owner = subprocess.Popen([sys.executable, "-c",
+                              "import sys\nfrom durablekv import Cache\n"
+                              "c = Cache(sys.argv[1]); c['x'] = 1\nprint('open', flush=True)\n"
+                              "sys.stdin.readline()\nc.close()\n", str(d)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert owner.stdout.readline().strip() == "open"
+        assert main(["check", str(d)]) == 2
+        out = capsys.readouterr().out
+        assert f"{d} is open in process {owner.pid}; close the cache there" in out, out
+        assert "NOT CHECKED" in out and "DAMAGE" not in out
+        owner.stdin.write("\n")
+        owner.stdin.flush()
+        assert owner.wait(timeout=60) == 0
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+    assert main(["check", str(d)]) == 0  # closed: checked, and healthy
 
 
 def test_replay_options_that_cannot_apply_are_refused(tmp_path, capsys):

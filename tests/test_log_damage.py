@@ -16,6 +16,7 @@ import pytest
 
 from durablekv import Cache, LogCorruptionError
 from durablekv.check import check_directory
+from durablekv.cli import main
 from durablekv.replaylog import HEADER, MAGIC, list_segments, read_segment
 
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
@@ -247,6 +248,132 @@ def test_damage_above_the_checkpoint_is_still_an_error(tmp_path):
     data[offsets[0] + HEADER.size + 3] ^= 0xFF
     Path(last).write_bytes(bytes(data))
     with pytest.raises(LogCorruptionError):
+        Cache(d)
+
+
+def write_with_old_segments(d: Path) -> tuple[list[str], int]:
+    """200 sets in small segments, flushed, then 20 more; crash. The sealed
+    segments the checkpoint deleted are put back: the log then starts with
+    segments that lie wholly below the checkpoint, as a crash between the
+    checkpoint's commit and their deletion leaves them. Return those and the
+    checkpoint."""
+    cache = Cache(d, segment_bytes=2048, **NEVER)
+    for i in range(200):
+        cache[f"k{i}"] = i
+    saved = {s: Path(s).read_bytes() for s in list_segments(str(d))[:-1]}
+    cache.flush()
+    checkpoint = cache._store.checkpoint_lsn
+    for i in range(200, 220):
+        cache[f"k{i}"] = i
+    crash(cache)
+    for s, data in saved.items():
+        Path(s).write_bytes(data)
+    old = sorted(saved)
+    assert len(old) > 2 and record_offsets(old[-1])[-1][1] <= checkpoint
+    return old, checkpoint
+
+
+def flip_record(seg: str, index: int) -> int:
+    """Flip a payload byte of the index-th record of ``seg``; return its LSN."""
+    offset, lsn = record_offsets(seg)[index]
+    data = bytearray(Path(seg).read_bytes())
+    data[offset + HEADER.size + 3] ^= 0xFF
+    Path(seg).write_bytes(bytes(data))
+    return lsn
+
+
+def check_out(d: Path, capsys) -> tuple[int, list[str]]:
+    rc = main(["check", str(d)])
+    return rc, capsys.readouterr().out.splitlines()
+
+
+def test_check_calls_damage_in_a_segment_below_the_checkpoint_harmless(tmp_path, capsys,
+                                                                        caplog):
+    """The open steps over it and loses nothing, so check says so in a note
+    and exits 0, instead of DAMAGED and exit 1 with no way forward."""
+    d = tmp_path / "c"
+    old, checkpoint = write_with_old_segments(d)
+    lsn = flip_record(old[1], 3)
+    rc, lines = check_out(d, capsys)
+    assert rc == 0, lines
+    (note,) = [line for line in lines if old[1] in line]
+    assert note.startswith("note ") and f"CRC mismatch in record LSN {lsn}" in note
+    assert f"already in the store (at or below checkpoint {checkpoint})" in note
+    assert "nothing is lost" in note
+    assert "the next open steps over them and deletes this segment" in note
+    assert lines[-1] == "result  healthy" and not any("DAMAGE" in x for x in lines)
+    assert "note    replay log: 20 records after checkpoint" in "\n".join(lines)
+    # ... which is what the open does
+    with caplog.at_level(logging.WARNING, logger="durablekv"):
+        cache = Cache(d, **NEVER)
+    with cache:
+        assert old[1] not in list_segments(str(d))  # deleted by the open, as the note says
+        assert dict(cache.items()) == {f"k{i}": i for i in range(220)}
+    assert any("already in the store" in r.getMessage() for r in caplog.records)
+
+
+def test_check_calls_a_damaged_end_below_the_checkpoint_harmless(tmp_path, capsys):
+    """The next segment's first record follows the damage: no gap is reported either."""
+    d = tmp_path / "c"
+    old, _checkpoint = write_with_old_segments(d)
+    Path(old[0]).write_bytes(Path(old[0]).read_bytes()[:-7])
+    rc, lines = check_out(d, capsys)
+    assert rc == 0, lines
+    (note,) = [line for line in lines if old[0] in line]
+    assert note.startswith("note ") and "a damaged end at offset" in note
+    assert "nothing is lost" in note and "deletes this segment" in note
+    assert not any("follows" in x for x in lines)  # no separate gap line
+    assert contents(d) == {f"k{i}": i for i in range(220)}
+
+
+def test_check_notes_damage_below_the_checkpoint_in_a_segment_with_later_records(tmp_path,
+                                                                                 capsys):
+    """A segment that also holds records after the checkpoint: they are read
+    past the damage (and counted as pending); the segment goes once a
+    checkpoint passes its last record."""
+    d = tmp_path / "c"
+    segs, checkpoint = write_checkpointed_then_more(d, segment_bytes=2048)
+    first = record_offsets(segs[0])
+    assert first[0][1] < checkpoint - 5 and first[-1][1] > checkpoint
+    flip_record(segs[0], 2)
+    rc, lines = check_out(d, capsys)
+    assert rc == 0, lines
+    (note,) = [line for line in lines if segs[0] in line]
+    assert note.startswith("note ") and "nothing is lost" in note
+    assert f"once a checkpoint passes its last record, LSN {first[-1][1]}" in note
+    assert (f"note    replay log: 20 records after checkpoint {checkpoint} are applied again "
+            "at the next open") in lines  # 10 of them lie behind the damage
+    with Cache(d, **NEVER) as cache:
+        assert segs[0] in list_segments(str(d))  # it holds records only the log has
+        cache.flush()
+        assert segs[0] not in list_segments(str(d))
+        assert dict(cache.items()) == {f"k{i}": i for i in range(320)}
+
+
+def test_check_notes_a_missing_segment_below_the_checkpoint(tmp_path, capsys):
+    d = tmp_path / "c"
+    old, checkpoint = write_with_old_segments(d)
+    os.unlink(old[1])
+    rc, lines = check_out(d, capsys)
+    assert rc == 0, lines
+    (note,) = [line for line in lines if "follows" in line]
+    assert note.startswith("note ") and old[2] in note and "nothing is lost" in note
+    assert contents(d) == {f"k{i}": i for i in range(220)}
+
+
+def test_check_calls_damage_above_the_checkpoint_damage_and_says_what_to_do(tmp_path, capsys):
+    d = tmp_path / "c"
+    segs, checkpoint = write_checkpointed_then_more(d)
+    index = [lsn for _o, lsn in record_offsets(segs[-1])].index(checkpoint + 3)
+    flip_record(segs[-1], index)
+    rc, lines = check_out(d, capsys)
+    assert rc == 1, lines
+    (damage,) = [line for line in lines if segs[-1] in line]
+    assert damage.startswith("DAMAGE ") and f"CRC mismatch in record LSN {checkpoint + 3}" in damage
+    assert f"covers records after checkpoint {checkpoint}" in damage
+    assert "--salvage-log" in damage and "salvage_log=True" in damage
+    assert lines[-1] == "result  DAMAGED"
+    with pytest.raises(LogCorruptionError):  # as check says
         Cache(d)
 
 

@@ -134,7 +134,8 @@ def test_check_refuses_an_open_cache_and_reports_the_log(tmp_path, capsys):
     cache["a"] = 1
     assert main(["check", str(d)]) == 2  # could not check: not damage
     out = capsys.readouterr().out
-    assert "open in another process" in out and "NOT CHECKED" in out and "DAMAGE" not in out
+    assert f"open in this process ({os.getpid()}), by a Cache that was not closed" in out
+    assert "NOT CHECKED" in out and "DAMAGE" not in out
     cache._teardown(clean=False)
     assert main(["check", str(d)]) == 0
     out = capsys.readouterr().out
