@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -86,3 +88,20 @@ def opened(path, **kw):
         yield c
     finally:
         run_with_timeout(c.close, 10.0)
+
+
+def owner_process(directory, close: bool = True) -> subprocess.Popen:
+    """Start another process that opens a cache at ``directory``, sets
+    ``x = 1`` and holds it open until a line arrives on its stdin (then it
+    closes the cache when ``close``, else just exits). Returns once the cache
+    is open."""
+    code = ("import sys\nfrom durablekv import Cache\n"
+            "c = Cache(sys.argv[1]); c['x'] = 1\nprint('open', flush=True)\n"
+            "sys.stdin.readline()\n" + ("c.close()\n" if close else ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    if proc.stdout.readline().strip() != "open":
+        proc.kill()
+        raise AssertionError("the owner process did not open the cache")
+    return proc
