@@ -6,6 +6,8 @@ across a commit, so the WAL is still checkpointed and reset."""
 from __future__ import annotations
 
 import os
+import random
+import threading
 
 from durablekv import Cache
 
@@ -89,3 +91,60 @@ def test_wal_is_reset_while_reads_continue(tmp_path):
             c.flush()
         wal = os.path.getsize(os.path.join(str(tmp_path), "pages.sqlite3-wal"))
         assert wal < 8 << 20, f"the WAL grew to {wal} bytes"
+
+
+def test_concurrent_faults_flushes_and_writes_return_only_the_keys_own_values(tmp_path):
+    """Two reader threads fault pages in while a writer overwrites, deletes
+    and re-inserts keys and the batcher flushes every few milliseconds (a
+    tiny memory tier, so almost every read is a page fault). A read must
+    return a value written for that key, and a key that is never deleted
+    must never read as missing."""
+    stable = [f"s{i:05d}" for i in range(1500)]
+    churn = [f"c{i:05d}" for i in range(500)]
+    errors: list[str] = []
+    done = threading.Event()
+    with opened(tmp_path, page_size=4, max_pages=6, flush_interval=0.002,
+                flush_batch_pages=8) as c:
+        for k in stable + churn:
+            c[k] = f"{k}:0"
+        c.flush()
+
+        def writer():
+            rng = random.Random(1)
+            try:
+                for i in range(1, 12001):
+                    k = rng.choice(stable if i % 3 else churn)
+                    if k[0] == "c" and i % 2:
+                        c.delete(k)
+                    else:
+                        c[k] = f"{k}:{i}"
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(f"writer: {exc!r}")
+            finally:
+                done.set()
+
+        def reader(seed):
+            rng = random.Random(seed)
+            try:
+                while not done.is_set():
+                    k = rng.choice(stable)
+                    v = c.get(k)
+                    if v is None or not v.startswith(k + ":"):
+                        errors.append(f"{k} read {v!r}")
+                    k = rng.choice(churn)
+                    v = c.get(k)
+                    if v is not None and not v.startswith(k + ":"):
+                        errors.append(f"{k} read {v!r}")
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(f"reader: {exc!r}")
+
+        threads = [threading.Thread(target=writer)] + \
+                  [threading.Thread(target=reader, args=(s,)) for s in (2, 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == [], errors[:5]
+        st = c.stats()
+        assert st.page_faults > 1000 and st.flushes > 10, st
