@@ -235,6 +235,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
         return
     expect = None
     pending = 0
+    salvageable = None  # records after the checkpoint before the first refused damage
     after_damaged_end = False  # the previous segment's damaged end was stepped over
     for i, path in enumerate(segments):
         last = i == len(segments) - 1
@@ -256,6 +257,8 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
                 else:
                     r.bad(f"{path}: LSN {lsn} follows {expect - 1} (a gap: a segment is "
                           f"missing or out of order); {_SALVAGE_ADVICE}")
+                    if salvageable is None:
+                        salvageable = pending
             expect = lsn + 1
             if lsn > checkpoint:
                 pending += 1
@@ -288,10 +291,16 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
             r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
                    f"{len(data) - scan.good_end} bytes); it is cut off at the next open")
         else:  # refused
+            if salvageable is None:
+                salvageable = pending
             r.bad(f"{path}: damaged record at offset {damage.offset} ({damage.detail}); the "
                   f"damage covers records after checkpoint {checkpoint}, which the store "
                   f"does not hold, so {_SALVAGE_ADVICE}")
             expect = None  # the gap behind the damage is this damage, not another
-    if pending:
+    if salvageable is not None:
+        r.note(f"replay log: the next open refuses the log (see the damage above); with "
+               f"salvage_log=True it applies the {salvageable} records after checkpoint "
+               f"{checkpoint} that come before the first damage and gives up the rest")
+    elif pending:
         r.note(f"replay log: {pending} records after checkpoint {checkpoint} are applied "
                "again at the next open")

@@ -373,8 +373,14 @@ def test_check_calls_damage_above_the_checkpoint_damage_and_says_what_to_do(tmp_
     assert f"covers records after checkpoint {checkpoint}" in damage
     assert "--salvage-log" in damage and "salvage_log=True" in damage
     assert lines[-1] == "result  DAMAGED"
+    # what the open does instead of replaying: refuse, or salvage the 2 before the damage
+    assert (f"note    replay log: the next open refuses the log (see the damage above); with "
+            f"salvage_log=True it applies the 2 records after checkpoint {checkpoint} that "
+            "come before the first damage and gives up the rest") in lines, lines
     with pytest.raises(LogCorruptionError):  # as check says
         Cache(d)
+    with Cache(d, salvage_log=True, **NEVER) as cache:
+        assert cache.stats().recovered_records == 2
 
 
 def test_log_is_cut_back_after_checkpoints_and_removed_at_close(tmp_path):
