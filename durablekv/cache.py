@@ -944,10 +944,7 @@ class Cache(MutableMapping):
             an unhashable key).
         :raises CacheClosedError: the cache is closed.
         """
-        # acquire/release rather than 'with': about 0.15 us less on a memory hit
-        lock = self._lock
-        lock.acquire()
-        try:
+        with self._lock:
             if self._state is not _OPEN:
                 self._check_open()
             try:
@@ -977,8 +974,6 @@ class Cache(MutableMapping):
             page, slot = ref
             self._store_hits += 1
             return self._codec.from_memory(page.values[slot])
-        finally:
-            lock.release()
 
     def __getitem__(self, key: Any) -> Any:
         value = self.get(key, _MISSING)
