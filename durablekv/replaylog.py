@@ -667,19 +667,34 @@ class ReplayLog:
         """Delete sealed segments whose records all have LSN <= ``lsn``; return how many.
 
         Call only with a checkpoint LSN that is durably committed in the store.
+        A segment that cannot be deleted (an ``OSError`` other than a missing
+        file) stays listed and is tried again at the next checkpoint; the
+        error is logged, not raised, because the commit it follows has
+        already succeeded (raising here made the batcher commit the same
+        pages again).
         """
         with self._lock:
             doomed = [s for s in self._sealed if s[1] <= lsn]
             self._sealed = [s for s in self._sealed if s[1] > lsn]
-        for path, _ in doomed:
+        kept = []
+        for path, last in doomed:
             try:
                 size = os.path.getsize(path)
                 os.unlink(path)
             except FileNotFoundError:
                 size = 0
+            except OSError as exc:
+                log.error("replay log %s: cannot delete this segment, which checkpoint %d "
+                          "covers (%s); it is tried again at the next checkpoint",
+                          path, lsn, exc)
+                kept.append((path, last))
+                continue
             with self._lock:
                 self._sealed_bytes -= size
-        return len(doomed)
+        if kept:
+            with self._lock:
+                self._sealed = kept + self._sealed  # older than every segment left
+        return len(doomed) - len(kept)
 
     def size_bytes(self) -> int:
         """Bytes in all live segments."""

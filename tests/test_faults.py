@@ -511,3 +511,39 @@ def test_oversized_key_is_refused(tmp_path):
         with pytest.raises(ValueError) as exc:
             cache["k" * (2 << 20)] = 1
         assert "limit on keys" in str(exc.value)
+
+
+def test_a_log_segment_that_cannot_be_deleted_is_kept_and_nothing_is_committed_twice(
+        tmp_path, monkeypatch, caplog):
+    """Cutting the log back after a commit can fail (here: EACCES on one
+    segment). The commit stands: the segment stays listed and goes at the
+    next checkpoint, no page is written again, and the key count is right."""
+    d = tmp_path / "c"
+    real_unlink = os.unlink
+    refused: list[str] = []
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(".log") and not refused:
+            refused.append(str(path))
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    with Cache(d, page_size=4, segment_bytes=4096, flush_interval=30.0,
+               flush_batch_pages=1000) as c:
+        commits = []
+        real_commit = c._store._commit
+        monkeypatch.setattr(c._store, "_commit",
+                            lambda conn: (commits.append(1), real_commit(conn)))
+        for i in range(300):
+            c[f"k{i}"] = "x" * 40
+        monkeypatch.setattr(os, "unlink", unlink)
+        c.flush()
+        assert len(refused) == 1 and commits == [1]
+        assert "cannot delete this segment" in caplog.text
+        assert refused[0] in list_segments(str(d))
+        assert c._store.key_count == len(c) == 300
+        c["more"] = "y"
+        c.flush()   # the next checkpoint deletes it
+        assert refused[0] not in list_segments(str(d)) and commits == [1, 1]
+    with Cache(d) as c:
+        assert len(c) == 301 and c["k299"] == "x" * 40
