@@ -740,6 +740,15 @@ class Cache(MutableMapping):
                 slots, expires, kbs, vbs = split_page(data)
                 keys = [decode_key(kb) for kb in kbs]
                 values = [from_blob(vb) for vb in vbs]
+            count = len(slots)
+            if count != n:
+                raise ValueError(f"its row says {n} entries, its blob holds {count}")
+            if count and max(slots) >= self.page_size:
+                raise ValueError(f"slot {max(slots)} is past page_size {self.page_size}")
+            if len(set(slots)) != count:
+                raise ValueError("it lists a slot twice")
+            if len(set(keys)) != count:
+                raise ValueError("it holds a key twice")
         except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
             detail = f"page {pid} cannot be decoded: {exc}"
             mark_damaged(self._store.path, detail)
@@ -1426,11 +1435,13 @@ class Cache(MutableMapping):
             if not tier.dirty and not self._clear_pending and \
                     self._last_lsn <= self._store.checkpoint_lsn:
                 return None
+            # A commit follows (see Store.pause_snapshot). First, so that a
+            # failure here leaves no page marked as in flight.
+            self._store.pause_snapshot()
             items = [(p, p.version, p.keys_version, p.keys_version != p.stored_keys_version,
                       list(p.keys), list(p.values), list(p.expires), p.stored_n, p.stored_ttl_n,
                       tier.start_flush(p))
                      for p in tier.dirty.values()]
-            self._store.pause_snapshot()  # a commit follows: see Store.pause_snapshot
             return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn)
 
     def flush_done(self, snap: _Snapshot, indices: list[int] | None,

@@ -149,6 +149,7 @@ def encode_columns(slots: Sequence[int], kbs: Sequence[bytes], vbs: Sequence[byt
 
 
 ASCII_KEYS, RAW_BYTES, NO_TTL, INT_KEYS = 1, 2, 4, 8
+_FLAGS = ASCII_KEYS | RAW_BYTES | NO_TTL | INT_KEYS
 _COLUMNS: dict[tuple[int, bool], struct.Struct] = {}
 
 
@@ -208,8 +209,10 @@ def page_layout(data: bytes) -> tuple[Sequence[int], list[float | None], int, li
         lens = cols[3 + n:]
     kpos = list(accumulate(lens[:n], initial=st.size))
     vpos = list(accumulate(lens[n:], initial=kpos[-1]))
-    if flags & INT_KEYS and kpos[-1] - kpos[0] != 8 * n:
-        raise ValueError(f"an int-key page of {n} entries has {kpos[-1] - kpos[0]} key bytes")
+    if flags & ~_FLAGS or flags & ASCII_KEYS and flags & INT_KEYS:
+        raise ValueError(f"page flags {flags:#04x} are not a valid combination")
+    if flags & INT_KEYS and lens[:n].count(8) != n:
+        raise ValueError(f"an int-key page of {n} entries has keys that are not 8 bytes")
     if vpos[-1] != len(data):
         raise ValueError(f"entry lengths add up to {vpos[-1]} bytes, the page holds {len(data)}")
     return slots, exps, flags, kpos, vpos
@@ -248,9 +251,11 @@ def page_columns(data: bytes) -> tuple[Sequence[int], list[float | None], int, l
     end = vstart + sum(vlens)
     if end != len(data):
         raise ValueError(f"entry lengths add up to {end} bytes, the page holds {len(data)}")
+    if flags & ~_FLAGS or flags & ASCII_KEYS and flags & INT_KEYS:
+        raise ValueError(f"page flags {flags:#04x} are not a valid combination")
     if flags & INT_KEYS:
-        if vstart - start != 8 * n:
-            raise ValueError(f"an int-key page of {n} entries has {vstart - start} key bytes")
+        if klens.count(8) != n:
+            raise ValueError(f"an int-key page of {n} entries has keys that are not 8 bytes")
         keys: list[Any] = list(_int64s(n).unpack_from(data, start))
     elif flags & ASCII_KEYS:
         keys = _cut(data[start:vstart].decode("ascii"), klens, 0)

@@ -216,6 +216,55 @@ def test_a_garbled_version_2_page_is_reported_as_damage(tmp_path, make_key):
         assert f"page {pid} cannot be decoded" in str(exc.value)
 
 
+def _page_of(entries, flags_or=0):
+    """A version-2 blob of ``(slot, key, value)`` entries, with extra flag bits."""
+    data = bytearray(encode_page([(slot, codec.encode_key(k), SAFE.encode(v), None)
+                                  for slot, k, v in entries]))
+    data[4] |= flags_or
+    return bytes(data)
+
+
+def _int_page_with_key_lengths(lens):
+    """An INT_KEYS page whose key column has these lengths (summing to 8 each)."""
+    page = bytearray(_page_of([(0, 1, b"a"), (1, 2, b"b")]))
+    n, flags = struct.unpack_from("<HB", page, 2)
+    assert flags & INT_KEYS and flags & NO_TTL and n == 2
+    head = struct.Struct(f"<HHB{n}H{n}I{n}I")  # magic, n, flags, slots, key and value lengths
+    cols = list(head.unpack_from(page))
+    cols[3 + n:3 + 2 * n] = lens
+    head.pack_into(page, 0, *cols)
+    return bytes(page)
+
+
+@pytest.mark.parametrize("case, blob, n, message", [
+    ("slot twice", _page_of([(1, "a", b"A"), (1, "b", b"B")]), 2, "lists a slot twice"),
+    ("slot past page_size", _page_of([(0, "a", b"A"), (9, "b", b"B")]), 2, "past page_size 4"),
+    ("key twice", _page_of([(0, "a", b"A"), (1, "a", b"B")]), 2, "holds a key twice"),
+    ("row count", _page_of([(0, "a", b"A"), (1, "b", b"B")]), 3, "row says 3 entries"),
+    ("unknown flag", _page_of([(0, "a", b"A")], flags_or=0x40), 1, "not a valid combination"),
+    ("ascii and int", _page_of([(0, 5, b"A")], flags_or=ASCII_KEYS), 1,
+     "not a valid combination"),
+    ("int keys not 8 bytes", _int_page_with_key_lengths([4, 12]), 2, "not 8 bytes"),
+])
+def test_a_page_that_decodes_but_cannot_be_right_is_damage(tmp_path, case, blob, n, message):
+    """Damage that leaves a blob parseable (a repeated or out-of-range slot, a
+    repeated key, a count that disagrees with the row, impossible flags,
+    int keys of the wrong width) is reported, never served as wrong data."""
+    d = tmp_path / "c"
+    with Cache(d, page_size=4, max_pages=1) as cache:
+        cache["a"] = b"A"
+        cache["b"] = b"B"
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("UPDATE pages SET data = ?, n_entries = ?", (blob, n))
+    conn.commit()
+    conn.close()
+    with Cache(d, max_pages=1) as cache:
+        with pytest.raises(CorruptStoreError) as exc:
+            cache.get("a")
+            cache.get(1)
+        assert "cannot be decoded" in str(exc.value) and message in str(exc.value), case
+
+
 def test_value_blobs_that_only_look_like_bytes_round_trip():
     """RAW_BYTES drops the tag and length only when they are exactly the
     safe codec's; any other blob starting with b'b' is kept whole."""

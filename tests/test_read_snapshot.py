@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import threading
 
-from durablekv import Cache
+import pytest
+
+from durablekv import Cache, WriteBehindError
 
 from .conftest import opened
 
@@ -148,3 +151,31 @@ def test_concurrent_faults_flushes_and_writes_return_only_the_keys_own_values(tm
         assert errors == [], errors[:5]
         st = c.stats()
         assert st.page_faults > 1000 and st.flushes > 10, st
+
+
+def test_a_read_transaction_that_cannot_end_fails_the_flush_with_no_page_in_flight(
+        tmp_path, monkeypatch):
+    """Ending the read transaction is the first thing a snapshot does: if it
+    fails, the flush fails before any page is handed to it, and the retry
+    stores everything."""
+    with opened(tmp_path, page_size=4, flush_interval=30.0) as c:
+        for i in range(40):
+            c[f"k{i}"] = i
+        real_pause = c._store.pause_snapshot
+        calls = []
+
+        def pause():
+            calls.append(1)
+            if len(calls) == 1:
+                raise sqlite3.OperationalError("disk I/O error")
+            real_pause()
+
+        monkeypatch.setattr(c._store, "pause_snapshot", pause)
+        with pytest.raises(WriteBehindError):
+            c.flush()
+        dirty = list(c._tier.dirty.values())
+        assert dirty and all(p.flight_lsn is None and p.dirty_lsn for p in dirty)
+        c.flush()
+        assert c.stats().checkpoint_lsn == c.stats().last_lsn
+    with opened(tmp_path) as c:
+        assert {k: c[k] for k in c} == {f"k{i}": i for i in range(40)}
