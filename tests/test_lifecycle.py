@@ -12,7 +12,7 @@ import pytest
 
 from durablekv import Cache, CacheLockedError
 
-from .conftest import owner_process
+from .conftest import opened, owner_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,3 +137,34 @@ def test_fork_never_hangs_the_child_nor_damages_the_parent(tmp_path):
     assert proc.stdout.strip() == "ok"
     for n in range(20):  # every child ran to its normal exit
         assert (tmp_path / f"child{n}").read_text() == str(n)
+
+
+def test_an_exception_from_a_signal_handler_never_leaves_the_lock_held(tmp_path):
+    """A KeyboardInterrupt (here: any exception from a signal handler) can
+    land between any two bytecodes of a get. Taking the lock with 'with'
+    leaves no moment where it is held outside the block that releases it; a
+    bare lock.acquire() before 'try' does, and then every later call and
+    close() at exit would hang."""
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    interrupted = 0
+    try:
+        with opened(tmp_path / "c") as cache:  # (a close() that hangs fails the test)
+            cache["k"] = b"v"
+            for _ in range(300):
+                signal.setitimer(signal.ITIMER_REAL, 0.0005)
+                try:
+                    while True:
+                        cache.get("k")
+                except Interrupted:
+                    interrupted += 1
+                assert not cache._lock.locked()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert interrupted == 300
