@@ -164,7 +164,7 @@ class MemoryTier:
     def make_resident(self, page: Page) -> None:
         """Put a pending or newly built page at the MRU end, evicting if full."""
         if page.state == RESIDENT and page.heap_stamp >= 0:
-            page.stamp = next(self.ticks)
+            self.touch(page)
             return
         if page.state == PENDING:
             self.pending -= 1
@@ -319,7 +319,7 @@ class MemoryTier:
         self.table[key] = (page, slot)
         self.mark_dirty(page, now, lsn)
         if page.state == RESIDENT:
-            page.stamp = next(self.ticks)
+            self.touch(page)
         return page
 
     def insert_many(self, keys: Sequence[Any], held: Sequence[Any],
@@ -376,7 +376,7 @@ class MemoryTier:
             page.keys_version += 1
             self.mark_dirty(page, now, lsn)
             if page.state == RESIDENT:
-                page.stamp = next(self.ticks)
+                self.touch(page)
             i = end
         return i
 

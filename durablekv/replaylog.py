@@ -428,9 +428,7 @@ class ReplayLog:
                             "a damaged end" if resume is None else "damaged bytes",
                             skipped.offset, skipped.detail)
             damage, good_end = scan.damage, scan.good_end
-            if damage is None:
-                pass
-            elif last and not scan.intact_after:
+            if damage is not None and last and not scan.intact_after:
                 # a torn tail (see scan_segment): a crash cut the last append short
                 torn += 1
                 torn_bytes += size - good_end
@@ -444,9 +442,9 @@ class ReplayLog:
                         f.flush()
                         os.fsync(f.fileno())
                 size = good_end
-            elif not salvage:
+            elif damage is not None and not salvage:
                 raise LogCorruptionError(path, damage.offset, damage.detail)
-            else:
+            elif damage is not None:
                 # Later segments cannot be applied without the records lost
                 # here. Nothing moves yet: until the records kept from before
                 # the damage are in the store, this file is their only copy

@@ -110,7 +110,6 @@ def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> by
     version-2 page blob (see the module docstring). ``key_bytes`` is the
     key's :func:`~durablekv.codec.encode_key` form, ``value_bytes`` the
     value codec's."""
-    n = len(entries)
     kbs = [e[1] for e in entries]
     vbs = [e[2] for e in entries]
     flags = 0
@@ -192,30 +191,44 @@ def page_layout(data: bytes) -> tuple[Sequence[int], list[float | None], int, li
 
     :raises ValueError: the blob is damaged.
     """
+    slots, exps, flags, klens, vlens, start = _page_header(data)
+    kpos = list(accumulate(klens, initial=start))
+    vpos = list(accumulate(vlens, initial=kpos[-1]))
+    return slots, exps, flags, kpos, vpos
+
+
+def _page_header(data: bytes) -> tuple[Sequence[int], list[float | None], int, Sequence[int],
+                                       Sequence[int], int]:
+    """Parse and check a version-2 page header: ``(slots, expires, flags,
+    key_lengths, value_lengths, header_size)``.
+
+    :raises ValueError: the blob is damaged (cut short, lengths that do not
+        add up to its size, impossible flags, int keys not 8 bytes each).
+    """
     if len(data) < 5:
         raise ValueError("truncated page header")
     n, flags = _N_FLAGS.unpack_from(data, 2)
     ttl = not flags & NO_TTL
     st = _columns(n, ttl)
-    if len(data) < st.size:
+    start = st.size
+    if len(data) < start:
         raise ValueError(f"page header for {n} entries runs past the page end")
     cols = st.unpack_from(data)
     slots = cols[3:3 + n]
     if ttl:
         exps = [None if e != e else e for e in cols[3 + n:3 + 2 * n]]
-        lens = cols[3 + 2 * n:]
+        klens, vlens = cols[3 + 2 * n:3 + 3 * n], cols[3 + 3 * n:]
     else:
         exps = [None] * n
-        lens = cols[3 + n:]
-    kpos = list(accumulate(lens[:n], initial=st.size))
-    vpos = list(accumulate(lens[n:], initial=kpos[-1]))
+        klens, vlens = cols[3 + n:3 + 2 * n], cols[3 + 2 * n:]
+    end = start + sum(klens) + sum(vlens)
+    if end != len(data):
+        raise ValueError(f"entry lengths add up to {end} bytes, the page holds {len(data)}")
     if flags & ~_FLAGS or flags & ASCII_KEYS and flags & INT_KEYS:
         raise ValueError(f"page flags {flags:#04x} are not a valid combination")
-    if flags & INT_KEYS and lens[:n].count(8) != n:
+    if flags & INT_KEYS and klens.count(8) != n:
         raise ValueError(f"an int-key page of {n} entries has keys that are not 8 bytes")
-    if vpos[-1] != len(data):
-        raise ValueError(f"entry lengths add up to {vpos[-1]} bytes, the page holds {len(data)}")
-    return slots, exps, flags, kpos, vpos
+    return slots, exps, flags, klens, vlens, start
 
 
 def page_columns(data: bytes) -> tuple[Sequence[int], list[float | None], int, list[Any],
@@ -230,33 +243,10 @@ def page_columns(data: bytes) -> tuple[Sequence[int], list[float | None], int, l
     :raises ValueError: the blob is damaged (also UnicodeDecodeError for
         ASCII keys that are not ASCII).
     """
-    if len(data) < 5:
-        raise ValueError("truncated page header")
-    n, flags = _N_FLAGS.unpack_from(data, 2)
-    ttl = not flags & NO_TTL
-    st = _columns(n, ttl)
-    start = st.size
-    if len(data) < start:
-        raise ValueError(f"page header for {n} entries runs past the page end")
-    cols = st.unpack_from(data)
-    slots = cols[3:3 + n]
-    if ttl:
-        exps = [None if e != e else e for e in cols[3 + n:3 + 2 * n]]
-        klens = cols[3 + 2 * n:3 + 3 * n]
-    else:
-        exps = [None] * n
-        klens = cols[3 + n:3 + 2 * n]
-    vlens = cols[3 + n + len(klens) + (n if ttl else 0):]
+    slots, exps, flags, klens, vlens, start = _page_header(data)
     vstart = start + sum(klens)
-    end = vstart + sum(vlens)
-    if end != len(data):
-        raise ValueError(f"entry lengths add up to {end} bytes, the page holds {len(data)}")
-    if flags & ~_FLAGS or flags & ASCII_KEYS and flags & INT_KEYS:
-        raise ValueError(f"page flags {flags:#04x} are not a valid combination")
     if flags & INT_KEYS:
-        if klens.count(8) != n:
-            raise ValueError(f"an int-key page of {n} entries has keys that are not 8 bytes")
-        keys: list[Any] = list(_int64s(n).unpack_from(data, start))
+        keys: list[Any] = list(_int64s(len(slots)).unpack_from(data, start))
     elif flags & ASCII_KEYS:
         keys = _cut(data[start:vstart].decode("ascii"), klens, 0)
     else:
@@ -264,7 +254,10 @@ def page_columns(data: bytes) -> tuple[Sequence[int], list[float | None], int, l
     return slots, exps, flags, keys, _cut(data, vlens, vstart)
 
 
-_FIXED: dict[tuple[int, int], struct.Struct] = {}
+@functools.lru_cache(maxsize=512)
+def _fixed(n: int, size: int) -> struct.Struct:
+    """``n`` consecutive pieces of ``size`` bytes."""
+    return struct.Struct(f"{size}s" * n)
 
 
 @functools.lru_cache(maxsize=None)
@@ -279,12 +272,7 @@ def _cut(buf: Any, lens: Sequence[int], pos: int) -> list[Any]:
     if n and lens.count(lens[0]) == n:
         size = lens[0]
         if type(buf) is bytes:
-            st = _FIXED.get((n, size))
-            if st is None:
-                if len(_FIXED) >= 512:
-                    _FIXED.clear()
-                st = _FIXED[n, size] = struct.Struct(f"{size}s" * n)
-            return list(st.unpack_from(buf, pos))
+            return list(_fixed(n, size).unpack_from(buf, pos))
         if size:
             return [buf[i:i + size] for i in range(pos, pos + n * size, size)]
     ends = list(accumulate(lens, initial=pos))
@@ -516,7 +504,7 @@ class SQLitePageStore:
         # context manager costs about a microsecond.
         try:
             if self._snapshot_reads and not self._r.in_transaction:
-                self._r.execute("BEGIN")
+                self._r.execute("BEGIN")  # the shared read transaction (pause_snapshot)
             return self._find_cursor.execute(_FIND_SQL, (ckey,)).fetchone()
         except sqlite3.DatabaseError:
             with _translate(self.path, "key lookup"):
@@ -525,10 +513,8 @@ class SQLitePageStore:
     def read_page(self, page_id: int) -> tuple[int, bytes] | None:
         """``(n_entries, blob)`` of a committed page, or None."""
         with _translate(self.path, "page read"):
-            if self._snapshot_reads and not self._r.in_transaction:
-                self._r.execute("BEGIN")
-            row = self._r.execute("SELECT n_entries, data FROM pages WHERE page_id = ?",
-                                  (page_id,)).fetchone()
+            row = self._find_cursor.execute("SELECT n_entries, data FROM pages WHERE page_id = ?",
+                                            (page_id,)).fetchone()
         return row
 
     def pause_snapshot(self) -> None:

@@ -550,6 +550,42 @@ def test_page_size_is_fixed_at_creation(tmp_path):
         assert len(c) == 10
 
 
+def test_serializer_is_fixed_at_creation_and_never_adopted(tmp_path):
+    """Unlike page_size, a reopen does not adopt the stored serializer: a
+    pickle store opened without serializer="pickle" (or a safe store opened
+    with it) is a ConfigError, so a store never silently starts unpickling."""
+    with open_cache(tmp_path / "p", serializer="pickle") as c:
+        c["k"] = {1, 2}
+    with pytest.raises(ConfigError, match="pickle"):
+        open_cache(tmp_path / "p")
+    with open_cache(tmp_path / "p", serializer="pickle") as c:
+        assert c["k"] == {1, 2}
+    with open_cache(tmp_path / "s") as c:
+        c["k"] = 1
+    with pytest.raises(ConfigError):
+        open_cache(tmp_path / "s", serializer="pickle")
+
+
+@pytest.mark.parametrize("flush_batch_pages, pending", [(64, 256), (8, 64), (100, 400)])
+def test_max_pending_pages_defaults_to_four_batches_and_at_least_64(tmp_path, flush_batch_pages,
+                                                                    pending):
+    with open_cache(tmp_path / "c", flush_batch_pages=flush_batch_pages) as c:
+        assert c.max_pending_pages == pending
+
+
+def test_memoize_names_by_qualname_so_two_lambdas_need_their_own_name(tmp_path):
+    """As the README warns: without name=, two lambdas share one name and
+    so one set of results; name= keeps them apart."""
+    with open_cache(tmp_path / "c") as c:
+        plus1 = c.memoize()(lambda x: x + 1)
+        plus100 = c.memoize()(lambda x: x + 100)
+        assert plus1(1) == 2 and plus100(1) == 2   # the shared, wrong, result
+        c.clear()
+        plus1 = c.memoize(name="plus1")(lambda x: x + 1)
+        plus100 = c.memoize(name="plus100")(lambda x: x + 100)
+        assert plus1(1) == 2 and plus100(1) == 101
+
+
 # -- stats ---------------------------------------------------------------------------
 
 

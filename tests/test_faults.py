@@ -389,7 +389,12 @@ def test_br019_lock_held_too_long_is_a_typed_timeout(tmp_path):
 
 @pytest.fixture
 def small_fs(tmp_path):
-    """A 2 MiB tmpfs (needs root and mount permission; skipped otherwise)."""
+    """A 2 MiB tmpfs (needs root and mount permission; skipped otherwise,
+    with mount's error as the reason). The skip hides no behaviour: the same
+    ENOSPC paths run everywhere with injected errors and a real RLIMIT_FSIZE
+    (test_log_write_error_stores_nothing_and_later_writes_work,
+    test_real_file_size_limit_on_the_log); this one adds a real full file
+    system, and CI, which runs as root, runs it."""
     mnt = tmp_path / "small"
     mnt.mkdir()
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],

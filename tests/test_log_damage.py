@@ -179,6 +179,28 @@ def test_damaged_magic_loses_no_record(tmp_path):
     assert contents(tmp_path / "c") == {"a": "A" * 10, "b": "B" * 10, "c": "C" * 10}
 
 
+def test_a_last_segment_of_nothing_but_garbage_is_a_torn_tail(tmp_path, caplog):
+    """As the README says: a power loss can leave garbage in blocks never
+    written back, so a last segment with nothing intact, not even its
+    header, is cut off as a torn tail (counted, logged, deleted); what the
+    store holds is untouched."""
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=2048, **NEVER)
+    for i in range(60):
+        cache[f"k{i}"] = i
+    cache.flush()   # in the store now
+    crash(cache)
+    segs = list_segments(str(d))
+    last = segs[-1]
+    Path(last).write_bytes(bytes((i * 37 + 11) % 251 for i in range(800)))
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+        with Cache(d, **NEVER) as cache:
+            assert cache.stats().torn_records == 1
+            assert dict(cache.items()) == {f"k{i}": i for i in range(60)}
+    assert "cut a torn tail of 800 bytes at offset 0" in caplog.text
+    assert "bad magic" in caplog.text
+
+
 def write_checkpointed_then_more(d: Path, segment_bytes: int = 1 << 30) -> tuple[list[str], int]:
     """300 sets flushed (checkpointed), then 20 more that only the log has."""
     cache = Cache(d, segment_bytes=segment_bytes, **NEVER)
