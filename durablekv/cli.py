@@ -306,10 +306,35 @@ class _SubcommandParser(argparse.ArgumentParser):
     """
 
     def parse_known_args(self, args=None, namespace=None):
+        # Options it does not know, spotted first: argparse would otherwise
+        # report a missing positional (``check --bogus``: "required: dir")
+        # and never mention the option that was mistyped.
+        args = list(args) if args is not None else None
+        before = args[:args.index("--")] if args and "--" in args else (args or [])
+        self._unknown_options = [a for a in before if self._is_unknown_option(a)]
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace, extras
+
+    def _is_unknown_option(self, arg: str) -> bool:
+        if not arg.startswith("-") or arg == "-":
+            return False
+        try:
+            float(arg)
+            return False  # a negative number is a value
+        except ValueError:
+            pass
+        name = arg.split("=", 1)[0]
+        # argparse accepts an unambiguous prefix of a long option
+        return not any(opt == name or (name.startswith("--") and opt.startswith(name))
+                       for opt in self._option_string_actions)
+
+    def error(self, message: str):
+        unknown = getattr(self, "_unknown_options", None)
+        if unknown and message.startswith("the following arguments are required"):
+            message = f"unrecognized arguments: {' '.join(unknown)}"
+        super().error(message)
 
 
 def build_parser() -> argparse.ArgumentParser:

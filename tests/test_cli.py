@@ -173,7 +173,10 @@ def test_bad_options_are_rejected_by_the_parser(capsys):
 
 @pytest.mark.parametrize("argv, unknown", [
     (["replay", "--bogus"], "--bogus"), (["replay", "t.lis", "extra"], "extra"),
-    (["check", "--bogus", "DIR"], "--bogus"), (["check", "DIR", "extra"], "extra")])
+    (["check", "--bogus", "DIR"], "--bogus"), (["check", "DIR", "extra"], "extra"),
+    # no DIR: the mistyped option is named, not the missing DIR
+    (["check", "--bogus"], "--bogus"), (["check", "--dir=x"], "--dir=x"),
+    (["replay", "--durab", "log", "--bogus"], "--bogus")])
 def test_unknown_argument_after_a_subcommand_shows_that_subcommands_usage(argv, unknown, capsys):
     """Not the top-level usage (``durablekv [-h] [--version] {replay,check}``),
     which does not list the options the user was looking for."""
@@ -185,6 +188,16 @@ def test_unknown_argument_after_a_subcommand_shows_that_subcommands_usage(argv, 
     assert f"durablekv {argv[0]}: error: unrecognized arguments: {unknown}\n" in err, err
     if argv[0] == "replay":
         assert "--salvage-log" in err  # the subcommand's own options are listed
+
+
+def test_option_prefixes_negative_numbers_and_dashed_paths_are_not_unknown(tmp_path, capsys):
+    """argparse's own rules stand: an unambiguous prefix of an option, a
+    negative number as a value, anything after ``--`` as a positional."""
+    assert main(["check", "--", "-no-such-dir"]) == 2  # could not check: no such directory
+    assert "-no-such-dir: no such directory" in capsys.readouterr().out
+    assert main(["replay", "--durab", "none", "--seed", "-3", "--requests", "200",
+                 "--keys", "50", "--no-progress"]) == 0
+    assert "hit ratio" in capsys.readouterr().out
 
 
 def test_unknown_argument_before_the_subcommand_shows_the_top_level_usage(capsys):
