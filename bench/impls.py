@@ -36,6 +36,9 @@ SETTINGS = {
                            "(it has no set or delete).",
     "cachetools.LRUCache": "LRUCache(maxsize=N); behind a threading.Lock in the threaded case "
                            "(cachetools is not thread-safe).",
+    "cachetools.LRUCache + Lock": "the same LRUCache with every call made under one "
+                                  "threading.Lock, as cachetools asks of a cache shared "
+                                  "between threads (durablekv locks every call too).",
     "diskcache.Cache": "diskcache.Cache(directory) with its defaults (SQLite WAL, "
                        "synchronous=NORMAL, size_limit 1 GiB, least-recently-stored eviction).",
     "diskcache.FanoutCache": "FanoutCache(directory) with its defaults (8 shards, timeout=0.010 "
@@ -288,6 +291,35 @@ class CachetoolsLRU(Impl):
         self.delete = lambda k: c.pop(k, None)
 
 
+class CachetoolsLocked(CachetoolsLRU):
+    """cachetools.LRUCache behind a threading.Lock, as its documentation asks
+    of any cache shared between threads (``cachetools.cached(cache, lock=...)``
+    takes the lock the same way). durablekv takes a lock on every call; this
+    is the like-for-like comparison for a thread-safe in-memory LRU."""
+
+    key, name = "cachetools-locked", "cachetools.LRUCache + Lock"
+    thread_safe = True
+    settings = SETTINGS["cachetools.LRUCache + Lock"]
+
+    def open(self, path: str | None, n_keys: int = 0) -> None:
+        super().open(path, n_keys)
+        c, lock = self.c, threading.Lock()
+
+        def get(key: Any, default: Any = None) -> Any:
+            with lock:
+                return c.get(key, default)
+
+        def set(key: Any, value: Any) -> None:
+            with lock:
+                c[key] = value
+
+        def delete(key: Any) -> Any:
+            with lock:
+                return c.pop(key, None)
+
+        self.get, self.set, self.delete = get, set, delete
+
+
 # -- on disk ----------------------------------------------------------------------------
 
 class DiskCache(Impl):
@@ -482,7 +514,7 @@ class RedisPipelined(Redis):
 
 # -- availability ---------------------------------------------------------------------
 
-_MODULES = {"cachetools": "cachetools", "diskcache": "diskcache", "fanoutcache": "diskcache",
+_MODULES = {"cachetools": "cachetools", "cachetools-locked": "cachetools", "diskcache": "diskcache", "fanoutcache": "diskcache",
             "sqlitedict": "sqlitedict", "lmdb": "lmdb"}
 
 
@@ -501,7 +533,7 @@ def missing_module(impl_key: str) -> str | None:
 def competitors(redis_port: int | None) -> list[Impl]:
     """Fresh adapters for every installed competitor (not durablekv)."""
     out: list[Impl] = [Dict(), OrderedDictLRU(), LruCacheFn()]
-    for cls in (CachetoolsLRU, DiskCache, FanoutCache, SqliteDictImpl, Lmdb):
+    for cls in (CachetoolsLRU, CachetoolsLocked, DiskCache, FanoutCache, SqliteDictImpl, Lmdb):
         if missing_module(cls.key) is None:
             out.append(cls())
     if redis_port is not None:
