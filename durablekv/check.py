@@ -219,10 +219,11 @@ def _check_store(directory: str, r: CheckResult) -> int:
 
 
 #: What a damaged log asks of the user: the next open refuses it.
-_SALVAGE_ADVICE = ("the next open refuses the log (LogCorruptionError). Open with "
-                   "salvage_log=True (durablekv replay --salvage-log) to keep the records "
-                   "before it and move this segment and every later one aside, losing the "
-                   "records from there on, or restore the directory from a backup")
+def _salvage_advice(directory: str) -> str:
+    return ("the next open refuses the log (LogCorruptionError). Run `durablekv salvage "
+            f"{directory}` (or open with salvage_log=True) to keep the records before it and "
+            "move this segment and every later one aside, losing the records from there on, "
+            "or restore the directory from a backup")
 
 
 def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
@@ -256,7 +257,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
                                f"{checkpoint}), so nothing is lost")
                 else:
                     r.bad(f"{path}: LSN {lsn} follows {expect - 1} (a gap: a segment is "
-                          f"missing or out of order); {_SALVAGE_ADVICE}")
+                          f"missing or out of order); {_salvage_advice(directory)}")
                     if salvageable is None:
                         salvageable = pending
             expect = lsn + 1
@@ -295,7 +296,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
                 salvageable = pending
             r.bad(f"{path}: damaged record at offset {damage.offset} ({damage.detail}); the "
                   f"damage covers records after checkpoint {checkpoint}, which the store "
-                  f"does not hold, so {_SALVAGE_ADVICE}")
+                  f"does not hold, so {_salvage_advice(directory)}")
             expect = None  # the gap behind the damage is this damage, not another
     if salvageable is not None:
         r.note(f"replay log: the next open refuses the log (see the damage above); with "

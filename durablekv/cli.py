@@ -1,9 +1,11 @@
-"""durablekv command line: replay cache traces, check cache directories.
+"""durablekv command line: replay cache traces, check and salvage cache directories.
 
 ``durablekv replay [TRACE]`` replays a cache access trace (or, with no TRACE,
 a generated Zipf workload) through a Cache as look-aside caching and reports
 hit ratios by tier, evictions, page faults, flushes, throughput and latency.
 ``durablekv check DIR`` verifies a closed cache directory.
+``durablekv salvage DIR`` opens a cache whose replay log is damaged with
+``salvage_log=True`` and closes it again, writing nothing else.
 """
 
 from __future__ import annotations
@@ -381,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a damaged page store: stop (default), or move it aside and start empty")
     p.add_argument("--salvage-log", action="store_true",
                    help="a replay log damaged before its tail: keep the good prefix, move the "
-                   "damaged file aside (loses the records after the damage)")
+                   "damaged file aside (loses the records after the damage), then replay into "
+                   "the directory; `durablekv salvage DIR` salvages without replaying")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="always show a progress bar (default: only on a terminal)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -395,6 +398,18 @@ def build_parser() -> argparse.ArgumentParser:
                        "check.")
     c.add_argument("dir", help="cache directory")
     c.set_defaults(func=_cmd_check)
+
+    s = sub.add_parser("salvage", help="open a cache whose replay log is damaged, keeping "
+                       "the records before the damage",
+                       description="Open a closed cache directory with salvage_log=True and "
+                       "close it again, writing nothing of its own: the log records before the "
+                       "first damage go to the store, and the damaged segment and every later "
+                       "one are moved aside (replay-*.log.damaged). The writes behind the "
+                       "damage are lost. Run `durablekv check DIR` first: it says whether "
+                       "salvage is needed and how many records it keeps. Exit status 0 when "
+                       "the cache opened (salvaged or not), 1 when it could not be opened.")
+    s.add_argument("dir", help="cache directory")
+    s.set_defaults(func=_cmd_salvage)
     return parser
 
 
@@ -475,6 +490,58 @@ def _cmd_check(args: argparse.Namespace) -> int:
     for line in result.lines:
         print(line)
     return 0 if result.ok else 1 if result.damaged else 2
+
+
+def _stored_serializer(directory: str) -> str:
+    """The serializer a store was created with (its meta table), read
+    without opening the cache; "safe" when there is no store yet. A store
+    that cannot be read is left for the open to report."""
+    from .store import STORE_FILE
+    path = os.path.join(directory, STORE_FILE)
+    if not os.path.isfile(path):
+        return "safe"
+    import sqlite3
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE name = 'serializer'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return "safe"
+    return str(row[0]) if row else "safe"
+
+
+def _cmd_salvage(args: argparse.Namespace) -> int:
+    from .cache import Cache
+    directory = args.dir
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{directory!r} is not a directory; name a cache directory")
+
+    def aside() -> set[str]:
+        return {n for n in os.listdir(directory) if n.endswith(".damaged")}
+
+    before = aside()
+    # Opening does the salvage; closing flushes and checkpoints. Nothing
+    # else is written (unlike `replay --salvage-log`, which then replays).
+    with Cache(directory, salvage_log=True, serializer=_stored_serializer(directory)) as cache:
+        st = cache.stats()
+    moved = sorted(aside() - before)
+    print(f"ok      replay log: {st.recovered_records} records after the store's checkpoint "
+          "applied and stored")
+    if st.torn_records:
+        print(f"note    replay log: cut a torn tail ({st.torn_records} record) off the last "
+              "segment, as every open does")
+    if not st.salvaged_bytes:
+        print("result  NOTHING TO SALVAGE: the log had no damage that stops an open")
+        return 0
+    print(f"salvage gave up the {st.salvaged_bytes} bytes of log from the first damage to "
+          "its end: the writes recorded there are lost")
+    for name in moved:
+        print(f"moved   {os.path.join(directory, name)}")
+    print("result  SALVAGED: the cache opens normally now; the .damaged files are kept "
+          "for inspection and may be deleted")
+    return 0
 
 
 #: The Python API's words in error messages, and the flags that do the same.

@@ -167,8 +167,9 @@ class LogCorruptionError(LogError):
         self.detail = detail
         super().__init__(
             f"replay log {path!r} is damaged at byte offset {offset} ({detail}); "
-            "records after it cannot be trusted. Open with salvage_log=True to keep "
-            "the records before the damage and move the file aside, "
+            "records after it cannot be trusted. Open with salvage_log=True (or run "
+            f"`durablekv salvage {os.path.dirname(path) or '.'}`) to keep the records "
+            "before the damage and move the file aside, losing the records from there on, "
             "or restore the directory from a backup"
         )
 

@@ -108,6 +108,7 @@ def test_br022_flipped_byte_before_the_tail_is_corruption(tmp_path, where):
     assert exc.value.offset == offsets[1]
     assert seg in str(exc.value) and str(offsets[1]) in str(exc.value)
     assert "salvage_log=True" in str(exc.value)
+    assert f"`durablekv salvage {tmp_path / 'c'}`" in str(exc.value)
     # the refused open left everything as it was and released the directory
     assert Path(seg).read_bytes() == bytes(data)
     with pytest.raises(LogCorruptionError):
@@ -393,7 +394,7 @@ def test_check_calls_damage_above_the_checkpoint_damage_and_says_what_to_do(tmp_
     (damage,) = [line for line in lines if segs[-1] in line]
     assert damage.startswith("DAMAGE ") and f"CRC mismatch in record LSN {checkpoint + 3}" in damage
     assert f"covers records after checkpoint {checkpoint}" in damage
-    assert "--salvage-log" in damage and "salvage_log=True" in damage
+    assert f"`durablekv salvage {d}`" in damage and "salvage_log=True" in damage
     assert lines[-1] == "result  DAMAGED"
     # what the open does instead of replaying: refuse, or salvage the 2 before the damage
     assert (f"note    replay log: the next open refuses the log (see the damage above); with "
@@ -518,3 +519,53 @@ def test_parser_agrees_with_a_reference_at_every_flipped_byte_and_cut(tmp_path):
         ref, ref_end, ref_damage = _reference_parse(v)
         assert (recs, good_end) == (ref, ref_end)
         assert (None if damage is None else damage.offset) == ref_damage
+
+
+def test_cli_salvage_keeps_the_good_prefix_and_writes_nothing_else(tmp_path, capsys):
+    """``durablekv salvage DIR``, which check and LogCorruptionError point to:
+    the records before the damage are kept, the segment is moved aside, and
+    no key of the command's own is written (``replay --salvage-log`` replays
+    a workload into the directory afterwards)."""
+    d = tmp_path / "c"
+    seg, offsets = write_abc(d)
+    data = bytearray(Path(seg).read_bytes())
+    data[offsets[1] + HEADER.size + 15] ^= 0xFF
+    Path(seg).write_bytes(bytes(data))
+    check_out(d, capsys)
+    assert main(["salvage", str(d)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "ok      replay log: 1 records after the store's checkpoint applied and stored"
+    assert out[1] == (f"salvage gave up the {len(data) - offsets[1]} bytes of log from the first "
+                      "damage to its end: the writes recorded there are lost")
+    assert out[2] == f"moved   {seg}.damaged"
+    assert out[-1].startswith("result  SALVAGED")
+    assert contents(d) == {"a": "A" * 10}
+    rc, lines = check_out(d, capsys)
+    assert rc == 0, lines
+    # a second salvage finds nothing to do and changes nothing
+    assert main(["salvage", str(d)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "result  NOTHING TO SALVAGE: the log had no damage that stops an open")
+    assert contents(d) == {"a": "A" * 10}
+    assert sorted(p.name for p in d.iterdir() if p.name.endswith(".damaged")) == [
+        Path(seg).name + ".damaged"]
+
+
+def test_cli_salvage_adopts_the_stored_serializer(tmp_path, capsys):
+    d = tmp_path / "c"
+    cache = Cache(d, serializer="pickle", **NEVER)
+    cache["a"] = {1, 2}
+    crash(cache)
+    assert main(["salvage", str(d)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("result  NOTHING TO SALVAGE")
+    with Cache(d, serializer="pickle") as cache:
+        assert cache["a"] == {1, 2}
+
+
+def test_cli_salvage_of_a_missing_or_open_directory_fails_cleanly(tmp_path, capsys):
+    assert main(["salvage", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    with Cache(tmp_path / "c"):
+        assert main(["salvage", str(tmp_path / "c")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("durablekv: cache directory") and "already open" in err
