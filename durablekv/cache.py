@@ -57,6 +57,8 @@ _MISSING: Any = object()
 
 _STR, _BYTES = {str}, {bytes}
 _REAL_MONOTONIC = (time.monotonic,)
+#: Smallest ``segment_bytes`` accepted.
+MIN_SEGMENT_BYTES = 1024
 _U32_PACK = struct.Struct("<I").pack
 _Frozen = _codec.Frozen
 _OPEN, _CLOSING, _CLOSED, _FAILED, _FORKED = "open", "closing", "closed", "failed", "forked"
@@ -323,7 +325,8 @@ class Cache(MutableMapping):
         _check_config(page_size=page_size, max_pages=max_pages, flush_interval=flush_interval,
                       flush_batch_pages=flush_batch_pages, durability=durability,
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
-                      max_pending_pages=max_pending_pages, busy_timeout=busy_timeout)
+                      max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
+                      segment_bytes=segment_bytes)
         if clock is not None and not callable(clock):
             raise ConfigError(f"clock must be a callable returning epoch seconds, got {clock!r}")
         self._codec = _codec.codec_by_name(serializer)
@@ -1555,7 +1558,8 @@ def _check_expire(expire: Any) -> float | None:
 
 
 def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,
-                  max_value_bytes, on_corruption, max_pending_pages, busy_timeout) -> None:
+                  max_value_bytes, on_corruption, max_pending_pages, busy_timeout,
+                  segment_bytes) -> None:
     def need_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
         if type(value) is not int or value < lo or (hi is not None and value > hi):
             rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
@@ -1568,6 +1572,9 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
     need_int("max_value_bytes", max_value_bytes, 1, MAX_VALUE_BYTES_LIMIT)
     if max_pending_pages is not None:
         need_int("max_pending_pages", max_pending_pages, 1)
+    # a segment is sealed once it reaches this size: below a kilobyte that
+    # would be a file (and a directory fsync) every few records
+    need_int("segment_bytes", segment_bytes, MIN_SEGMENT_BYTES)
     for nm, v in (("flush_interval", flush_interval), ("busy_timeout", busy_timeout)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
             raise ConfigError(f"{nm} must be a positive number of seconds, got {v!r}")

@@ -163,6 +163,7 @@ class CacheCollector:
         ``histograms()`` (a :class:`durablekv.Cache`). Their names must differ
         among the caches that are open at the same time.
     :raises ValueError: two open caches share a ``name``.
+    :raises TypeError: one of ``caches`` is not a cache.
 
     Thread-safety: :meth:`collect`, :meth:`add` and :meth:`remove` may run
     concurrently; a lock guards the list of caches only, never a scrape.
@@ -185,7 +186,14 @@ class CacheCollector:
         """Carry one more cache; closed caches already carried are dropped.
 
         :raises ValueError: an open cache with the same ``name`` is carried already.
+        :raises TypeError: ``cache`` is not a cache (it lacks ``name``,
+            ``closed``, ``stats()`` or ``histograms()``).
         """
+        missing = [a for a in ("name", "closed", "stats", "histograms") if not hasattr(cache, a)]
+        if missing:
+            raise TypeError(f"CacheCollector carries durablekv.Cache objects; got "
+                            f"{type(cache).__qualname__} {cache!r:.60}, which has no "
+                            f"{', '.join(missing)}")
         with self._lock:
             kept = tuple(c for c in self._caches if not c.closed)
             if any(c is cache for c in kept):

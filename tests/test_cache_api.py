@@ -524,7 +524,9 @@ def test_second_open_from_another_process_is_locked_with_pid(tmp_path):
                                 dict(durability="sometimes"), dict(flush_interval=0),
                                 dict(flush_interval=float("nan")), dict(on_corruption="x"),
                                 dict(page_size=1.5), dict(max_value_bytes=0),
-                                dict(serializer="yaml")],
+                                dict(serializer="yaml"), dict(segment_bytes="abc"),
+                                dict(segment_bytes=None), dict(segment_bytes=0),
+                                dict(segment_bytes=100)],
                          ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()))
 def test_bad_config_is_a_configerror(tmp_path, kw):
     with pytest.raises(ConfigError) as info:

@@ -555,3 +555,14 @@ def test_hot_path_does_not_import_prometheus_client(tmp_path):
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("thing", ["x", None, 42])
+def test_a_collector_of_something_that_is_not_a_cache_fails_at_once(thing):
+    """Not at the first scrape, deep inside prometheus_client."""
+    with pytest.raises(TypeError, match="CacheCollector carries durablekv.Cache objects"):
+        CacheCollector(thing)
+    with pytest.raises(TypeError, match=type(thing).__qualname__):
+        CacheCollector().add(thing)
+    with pytest.raises(TypeError):
+        serve(thing, port=0)
