@@ -55,8 +55,16 @@ class _Windows:
         self.perm = list(keys)
         random.Random(seed).shuffle(self.perm)
 
-    def take(self, n: int, r: int) -> list[str]:
+    def take(self, n: int, r: int | None) -> list[str]:
+        """Window ``r``; ``None``: the calibration window, the last ``n`` keys.
+
+        Repetitions start at the front, so the calibration run (also the
+        warm-up) does not leave the first repetition's keys in memory: it
+        did, and with ``--quick`` a page-fault case then measured half its
+        gets as memory hits."""
         perm, total = self.perm, len(self.perm)
+        if r is None:
+            return perm[max(0, total - n):]
         start = (r * n) % total
         out = perm[start:start + n]
         if len(out) < n:
@@ -97,8 +105,10 @@ class _Case:
     def __init__(self, name: str, value: bytes, missing: Sequence[str], threads: int) -> None:
         self.name, self.value, self.missing, self.threads = name, value, missing, threads
 
-    def keys_for(self, windows: _Windows, n: int, r: int) -> list[str]:
+    def keys_for(self, windows: _Windows, n: int, r: int | None) -> list[str]:
         if self.name == "get_miss":
+            if r is None:
+                return list(self.missing[-n:])
             return list(self.missing[(r * n) % max(1, len(self.missing) - n):][:n])
         return windows.take(n, r)
 
@@ -140,7 +150,7 @@ def _measure(case: _Case, impls: list[Impl], windows: _Windows, flags: list[bool
     n_ops: dict[str, int] = {}
     for impl in impls:
         probe = min(total, max(cfg.min_ops, 500 if cfg.mode != "quick" else cfg.min_ops))
-        keys = case.keys_for(windows, probe, 1000)
+        keys = case.keys_for(windows, probe, None)
         dt, _drain = case.run(impl, keys, flags)
         per_op = max(dt / probe, 1.0)
         n_ops[impl.key] = int(min(total, max(cfg.min_ops, cfg.rep_seconds * 1e9 / per_op)))

@@ -67,7 +67,8 @@ def test_every_micro_case_ran(quick_run: dict) -> None:
         assert r["n"] == quick_run["res"]["settings"]["repeat"]
         assert r["min"] <= r["median"] <= r["max"] and r["median"] > 0
     faults = [r for r in rows if r["case"] == "get_hit_store" and r["impl"].startswith("durablekv")]
-    assert faults and all(r["page_fault_rate"] > 0.5 for r in faults)
+    # the memory tier holds 64 of 2,000 keys and no window is warmed up first
+    assert faults and all(r["page_fault_rate"] > 0.9 for r in faults), faults
 
 
 def test_redis_rows_iff_redis_server(quick_run: dict) -> None:
