@@ -1390,7 +1390,10 @@ class Cache(MutableMapping):
             @functools.wraps(func)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 key = ("durablekv.memoize", prefix, args, tuple(sorted(kwargs.items())))
-                value = self.get(key, _MISSING)
+                try:
+                    value = self.get(key, _MISSING)
+                except TypeError as exc:
+                    raise TypeError(_memoize_key_error(prefix, args, kwargs, exc)) from exc
                 if value is not _MISSING:
                     return value
                 with flights:
@@ -1404,7 +1407,11 @@ class Cache(MutableMapping):
                     value = self._peek(key)
                     if value is _MISSING:
                         value = func(*args, **kwargs)
-                        self.set(key, value, expire=expire)
+                        try:
+                            self.set(key, value, expire=expire)
+                        except TypeError as exc:
+                            raise TypeError(f"memoized {prefix}() returned a result that cannot "
+                                            f"be cached: {exc}") from exc
                 except BaseException as exc:
                     flight.fail(exc)
                     raise
@@ -1497,6 +1504,20 @@ class Cache(MutableMapping):
                 self._tier.flush_failed(snap.items[i][0])
             self._store.resume_snapshot()
             self._cond.notify_all()
+
+
+def _memoize_key_error(prefix: str, args: tuple, kwargs: dict, exc: TypeError) -> str:
+    """What a memoized call's unstorable argument says: which function, which
+    argument, and why (the arguments are the cache key)."""
+    named = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
+    named += [(f"argument {k}=", v) for k, v in sorted(kwargs.items())]
+    for label, value in named:
+        try:
+            _codec.check_key(value)
+        except TypeError as why:
+            return (f"memoized {prefix}(): {label} ({value!r:.60}) cannot be part of a cache "
+                    f"key: {why}; pass a value of one of those types (e.g. a tuple, not a list)")
+    return f"memoized {prefix}(): its arguments cannot be a cache key: {exc}"
 
 
 class _Flight:

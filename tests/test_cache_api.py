@@ -888,6 +888,30 @@ def test_memoize_works_bare_like_lru_cache(tmp_path):
         assert len(cache) == 1
 
 
+def test_memoize_names_the_function_and_the_argument_that_cannot_be_a_key(tmp_path):
+    calls = []
+    with Cache(tmp_path / "c") as cache:
+        @cache.memoize
+        def lookup(x, flags=None):
+            calls.append(x)
+            return object() if x == "bad result" else x
+        name = f"{lookup.__module__}.{lookup.__qualname__}"
+        with pytest.raises(TypeError) as info:
+            lookup([1, 2])
+        assert str(info.value).startswith(
+            f"memoized {name}(): argument 1 ([1, 2]) cannot be part of a cache key: "
+            "cannot store key of type builtins.list"), info.value
+        assert "e.g. a tuple, not a list" in str(info.value)
+        with pytest.raises(TypeError, match=r"argument flags= \(\{'a': 1\}\)"):
+            lookup(1, flags={"a": 1})
+        assert calls == []  # the function never ran
+        with pytest.raises(TypeError, match=rf"memoized {name}\(\) returned a result that "
+                           "cannot be cached: cannot store value of type builtins.object"):
+            lookup("bad result")
+        assert len(cache) == 0
+        assert lookup((1, 2), flags=("a",)) == (1, 2)
+
+
 def test_an_unhashable_key_gets_the_same_type_error_from_every_method(tmp_path):
     with Cache(tmp_path / "c") as cache:
         calls = [lambda: cache.get([1]), lambda: [1] in cache, lambda: cache[[1]],
