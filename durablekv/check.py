@@ -289,8 +289,16 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
             if not scan.stepped_over:
                 r.good(f"{path}: {len(scan.records)} records, CRCs ok")
         elif last and not scan.intact_after:
+            whole = ""
+            if damage.detail.startswith("CRC mismatch"):
+                # every byte of the record is there: a power loss during the
+                # write leaves this, and so does a flipped bit on disk
+                whole = ("; the record is whole but fails its CRC, which a crash or power "
+                         "loss during its write leaves, and a flipped bit on disk too: if "
+                         "neither happened since it was written, the open drops a write "
+                         "that was acknowledged")
             r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
-                   f"{len(data) - scan.good_end} bytes); it is cut off at the next open")
+                   f"{len(data) - scan.good_end} bytes); it is cut off at the next open{whole}")
         else:  # refused
             if salvageable is None:
                 salvageable = pending

@@ -84,13 +84,29 @@ def test_br022_zero_filled_tail_is_a_torn_tail(tmp_path):
         assert cache.stats().salvaged_bytes == 0  # a torn tail is cut, not salvaged
 
 
-def test_garbage_over_the_last_record_is_a_torn_tail(tmp_path):
+def test_garbage_over_the_last_record_is_a_torn_tail(tmp_path, capsys):
     seg, offsets = write_abc(tmp_path / "c")
     data = bytearray(Path(seg).read_bytes())
     for i in range(offsets[2] + 20, len(data)):
         data[i] ^= 0x5A
     Path(seg).write_bytes(bytes(data))
+    # check says so, and that a whole record failing its CRC may have been acknowledged
+    rc, lines = check_out(tmp_path / "c", capsys)
+    assert rc == 0, lines
+    (torn,) = [line for line in lines if "torn tail" in line]
+    assert torn.startswith(f"note    {seg}: torn tail at offset {offsets[2]} (CRC mismatch")
+    assert torn.endswith("if neither happened since it was written, the open drops a write "
+                         "that was acknowledged"), torn
     assert contents(tmp_path / "c") == {"a": "A" * 10, "b": "B" * 10}
+
+
+def test_a_record_cut_short_is_a_torn_tail_with_no_word_of_acknowledgement(tmp_path, capsys):
+    seg, offsets = write_abc(tmp_path / "c")
+    with open(seg, "r+b") as f:
+        f.truncate(offsets[2] + 20)
+    rc, lines = check_out(tmp_path / "c", capsys)
+    (torn,) = [line for line in lines if "torn tail" in line]
+    assert rc == 0 and "cut short" in torn and "acknowledged" not in torn, lines
 
 
 @pytest.mark.parametrize("where", ["header", "payload"])
