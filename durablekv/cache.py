@@ -1023,8 +1023,7 @@ class Cache(MutableMapping):
         else:
             kb = _codec.encode_key(key)
         if len(kb) > MAX_KEY_BYTES:
-            raise ValueError(f"key is {len(kb)} bytes encoded, over the {MAX_KEY_BYTES}-byte "
-                             "limit on keys; use a shorter key (e.g. a hash of it)")
+            raise _key_too_long(kb)
         codec = self._codec
         tv = type(value)
         if tv is bytes and codec.name == "safe":
@@ -1036,9 +1035,7 @@ class Cache(MutableMapping):
             size = codec.value_bytes(value, vb)
             held = codec.memory_form(value, vb)
         if size > self.max_value_bytes:
-            raise ValueError(
-                f"value for key {key!r} is {size} bytes, over max_value_bytes="
-                f"{self.max_value_bytes}; store it elsewhere or raise max_value_bytes")
+            raise self._value_too_big(key, size)
         nbytes = len(kb) + len(vb)
         with self._lock:
             if self._state is not _OPEN:
@@ -1101,6 +1098,151 @@ class Cache(MutableMapping):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.set(key, value)
+
+    def _value_too_big(self, key: Any, size: int) -> ValueError:
+        return ValueError(f"value for key {key!r} is {size} bytes, over max_value_bytes="
+                          f"{self.max_value_bytes}; store it elsewhere or raise max_value_bytes")
+
+    def _encode_entry(self, key: Any, value: Any) -> tuple[bytes, bytes, Any, int]:
+        """``(key bytes, value bytes, memory form, encoded size)`` of an entry,
+        checked as :meth:`set` checks it (set inlines the same steps)."""
+        kb = _codec.encode_key(key)
+        if len(kb) > MAX_KEY_BYTES:
+            raise _key_too_long(kb)
+        codec = self._codec
+        vb = codec.encode(value)
+        size = codec.value_bytes(value, vb)
+        if size > self.max_value_bytes:
+            raise self._value_too_big(key, size)
+        return kb, vb, codec.memory_form(value, vb), len(kb) + len(vb)
+
+    def _open_for_writes(self) -> None:
+        """The checks every write makes first (lock held): open, and room
+        for one more dirty page (back-pressure)."""
+        if self._state is not _OPEN:
+            self._check_open()
+        if self._tier.pending >= self.max_pending_pages:
+            self._backpressure()
+
+    def add(self, key: Any, value: Any, expire: float | None = None) -> bool:
+        """Store ``value`` under ``key`` only if no live entry is there (an
+        expired one does not count); return True if it was stored.
+
+        Atomic: of many threads adding the same key, one wins (Redis's
+        ``SET ... NX``, diskcache's ``Cache.add``). ``expire`` is as for
+        :meth:`set`; ``expire=0`` stores nothing and returns True.
+
+        :raises TypeError, ValueError: as for :meth:`set`.
+        :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
+        """
+        if expire is not None:
+            expire = _check_expire(expire)
+        kb, vb, held, nbytes = self._encode_entry(key, value)
+        with self._lock:
+            self._open_for_writes()
+            if self._ref(key) is not None:
+                return False
+            if expire == 0:
+                return True  # stored already expired: nothing to store
+            expire_at = None if expire is None else self._now() + expire
+            lsn = self._append(OP_SET, kb, vb, expire_at)
+            self._apply_set(key, held, expire_at, None, lsn, nbytes)
+            self._sets += 1
+        if self.durability == "fsync":
+            self._sync(lsn)
+        return True
+
+    def incr(self, key: Any, delta: int = 1, default: int | None = 0) -> int:
+        """Add ``delta`` to the int stored under ``key``; return the new value.
+
+        Atomic: concurrent increments are never lost (Redis's ``INCRBY``,
+        diskcache's ``Cache.incr``). A missing or expired key counts from
+        ``default`` and is stored with no TTL; a live entry keeps its TTL.
+        The new value is logged like any set, so it survives a crash under
+        the cache's durability.
+
+        :param delta: int to add (negative to subtract; see :meth:`decr`).
+        :param default: int a missing key starts from; None makes a missing
+            key a KeyError.
+        :raises KeyError: ``key`` is missing and ``default`` is None.
+        :raises TypeError: the stored value, ``delta`` or ``default`` is not
+            an int (a bool does not count as one).
+        :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
+        """
+        if type(delta) is not int:
+            raise TypeError(f"incr() delta must be an int, got {type(delta).__qualname__} "
+                            f"{delta!r}")
+        if default is not None and type(default) is not int:
+            raise TypeError(f"incr() default must be an int or None, got "
+                            f"{type(default).__qualname__} {default!r}")
+        with self._lock:
+            self._open_for_writes()
+            ref = self._ref(key)
+            if ref is None:
+                if default is None:
+                    raise KeyError(key)
+                value, expire_at = default + delta, None
+            else:
+                page, slot = ref
+                old = self._codec.from_memory(page.values[slot])
+                if type(old) is not int:
+                    raise TypeError(f"cannot incr() key {key!r}: its value is a "
+                                    f"{type(old).__qualname__}, not an int")
+                value, expire_at = old + delta, page.expires[slot]
+            # encoded under the lock: the new value depends on the old one
+            kb, vb, held, nbytes = self._encode_entry(key, value)
+            lsn = self._append(OP_SET, kb, vb, expire_at)
+            self._apply_set(key, held, expire_at, ref, lsn, nbytes)
+            self._sets += 1
+        if self.durability == "fsync":
+            self._sync(lsn)
+        return value
+
+    def decr(self, key: Any, delta: int = 1, default: int | None = 0) -> int:
+        """``incr(key, -delta, default)``: subtract ``delta``; return the new value.
+
+        :raises KeyError, TypeError: as for :meth:`incr`.
+        """
+        if type(delta) is not int:
+            raise TypeError(f"decr() delta must be an int, got {type(delta).__qualname__} "
+                            f"{delta!r}")
+        return self.incr(key, -delta, default)
+
+    def touch(self, key: Any, expire: float | None = None) -> bool:
+        """Give a live entry a new TTL: ``expire`` seconds from now, or None
+        for none; return True if ``key`` was there (Redis's ``EXPIRE`` and
+        ``PERSIST``, diskcache's ``Cache.touch``). The value is unchanged;
+        ``expire=0`` removes the entry (as :meth:`set` with ``expire=0`` does).
+
+        :raises TypeError: unsupported key type.
+        :raises ValueError: ``expire`` negative, NaN or infinite.
+        :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
+        """
+        if expire is not None:
+            expire = _check_expire(expire)
+        with self._lock:
+            self._open_for_writes()
+            ref = self._ref(key)
+            if ref is None:
+                return False
+            page, slot = ref
+            # logged as a set of the same value under the entry's own key
+            # object, so that a replay rebuilds exactly this entry
+            kb = _codec.encode_key(page.keys[slot])
+            if expire == 0:
+                lsn = self._append(OP_DELETE, kb, b"", None)
+                self._apply_delete(key, lsn)
+                self._deletes += 1
+            else:
+                held = page.values[slot]
+                vb = self._codec.to_blob(held)
+                expire_at = None if expire is None else self._now() + expire
+                lsn = self._append(OP_SET, kb, vb, expire_at)
+                self._apply_set(key, held, expire_at, ref, lsn, len(kb) + len(vb))
+                self._sets += 1
+        if self.durability == "fsync":
+            self._sync(lsn)
+        return True
 
     def delete(self, key: Any) -> bool:
         """Remove ``key``; return True if a live entry was there.
@@ -1504,6 +1646,11 @@ class Cache(MutableMapping):
                 self._tier.flush_failed(snap.items[i][0])
             self._store.resume_snapshot()
             self._cond.notify_all()
+
+
+def _key_too_long(kb: bytes) -> ValueError:
+    return ValueError(f"key is {len(kb)} bytes encoded, over the {MAX_KEY_BYTES}-byte "
+                      "limit on keys; use a shorter key (e.g. a hash of it)")
 
 
 def _memoize_key_error(prefix: str, args: tuple, kwargs: dict, exc: TypeError) -> str:

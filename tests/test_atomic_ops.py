@@ -1,0 +1,216 @@
+"""add, incr/decr and touch: the atomic read-modify-writes a diskcache or
+Redis user reaches for (``Cache.add``/``SET NX``, ``Cache.incr``/``INCRBY``,
+``Cache.touch``/``EXPIRE``). Each is one step under the cache lock, logged like
+a set, so it is atomic between threads and survives a crash."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from durablekv import Cache
+
+from .conftest import Clock, opened
+
+
+def crash(cache: Cache) -> None:
+    """Stop ``cache`` as a killed process would leave it (no flush, log kept)."""
+    cache._teardown(clean=False)
+
+
+# -- add ----------------------------------------------------------------------------------
+
+def test_add_stores_only_when_no_live_entry_is_there(tmp_path):
+    clock = Clock(100)
+    with opened(tmp_path / "c", clock=clock) as c:
+        assert c.add("a", 1) is True
+        assert c.add("a", 2) is False
+        assert c["a"] == 1
+        c.set("t", "old", expire=5)
+        assert c.add("t", "new") is False
+        clock.now = 105           # the deadline: the entry is gone, so add stores
+        assert c.add("t", "new", expire=10) is True
+        assert c["t"] == "new"
+        clock.now = 114.9
+        assert c["t"] == "new"
+        clock.now = 115
+        assert "t" not in c
+        assert c.add("z", 1, expire=0) is True   # stored already expired
+        assert "z" not in c and len(c) == 1
+        with pytest.raises(TypeError, match="cannot store value of type builtins.object"):
+            c.add("x", object())
+        with pytest.raises(ValueError, match="expire"):
+            c.add("x", 1, expire=-1)
+        assert "x" not in c
+
+
+def test_add_from_many_threads_has_exactly_one_winner(tmp_path):
+    with opened(tmp_path / "c") as c:
+        for round_ in range(20):
+            key = f"k{round_}"
+            barrier = threading.Barrier(8)
+            won: list[int] = []
+
+            def contender(i: int) -> None:
+                barrier.wait()
+                if c.add(key, i):
+                    won.append(i)
+            threads = [threading.Thread(target=contender, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len(won) == 1 and c[key] == won[0], (key, won)
+
+
+def test_add_on_a_key_whose_page_is_only_in_the_store(tmp_path):
+    with opened(tmp_path / "c", page_size=2, max_pages=2) as c:
+        for i in range(40):
+            c[i] = i
+        c.flush()
+        assert c.stats().resident_pages == 2
+        assert c.add(0, "again") is False   # found by a page fault, not in memory
+        assert c[0] == 0
+        assert c.add(1000, "new") is True
+
+
+# -- incr / decr ----------------------------------------------------------------------------
+
+def test_incr_counts_from_default_and_keeps_the_ttl(tmp_path):
+    clock = Clock(100)
+    with opened(tmp_path / "c", clock=clock) as c:
+        assert c.incr("n") == 1
+        assert c.incr("n", 41) == 42
+        assert c.decr("n", 2) == 40
+        assert c.incr("m", 5, default=10) == 15
+        assert c.decr("d") == -1
+        c.set("t", 7, expire=10)
+        clock.now = 105
+        assert c.incr("t") == 8
+        clock.now = 109.9
+        assert c["t"] == 8
+        clock.now = 110              # the TTL set before the incr still holds
+        assert "t" not in c
+        assert c.incr("t") == 1      # expired: counts from default again, with no TTL
+        clock.now = 10_000
+        assert c["t"] == 1
+        big = 1 << 100
+        assert c.incr("big", big) == big   # any int, not just 64 bits
+        assert c.incr("big") == big + 1
+
+
+def test_incr_refuses_what_is_not_an_int_and_changes_nothing(tmp_path):
+    with opened(tmp_path / "c") as c:
+        c["s"] = "text"
+        c["f"] = 1.5
+        c["b"] = True
+        for key, kind in (("s", "str"), ("f", "float"), ("b", "bool")):
+            with pytest.raises(TypeError, match=f"its value is a {kind}, not an int"):
+                c.incr(key)
+        assert (c["s"], c["f"], c["b"]) == ("text", 1.5, True)
+        with pytest.raises(KeyError):
+            c.incr("missing", default=None)
+        assert "missing" not in c
+        for bad in (1.0, True, "1", None):
+            with pytest.raises(TypeError, match="delta must be an int"):
+                c.incr("n", bad)
+        with pytest.raises(TypeError, match="default must be an int or None"):
+            c.incr("n", 1, default=0.0)
+        with pytest.raises(TypeError, match="decr\\(\\) delta must be an int"):
+            c.decr("n", 0.5)
+        assert "n" not in c and c.stats().sets == 3
+
+
+def test_concurrent_increments_are_never_lost(tmp_path):
+    with opened(tmp_path / "c", page_size=2, max_pages=2) as c:
+        for i in range(20):          # evictions and page faults meanwhile
+            c[f"x{i}"] = i
+        barrier = threading.Barrier(4)
+
+        def worker() -> None:
+            barrier.wait()
+            for _ in range(500):
+                c.incr("hits")
+                c.decr("left", default=2000)
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert c["hits"] == 2000 and c["left"] == 0
+
+
+# -- touch ----------------------------------------------------------------------------------
+
+def test_touch_sets_replaces_and_removes_a_ttl(tmp_path):
+    clock = Clock(100)
+    with opened(tmp_path / "c", clock=clock) as c:
+        assert c.touch("missing", 5) is False
+        assert "missing" not in c
+        c["a"] = [1, 2]
+        assert c.touch("a", 10) is True
+        clock.now = 109.9
+        assert c["a"] == [1, 2]
+        assert c.touch("a", 10) is True          # from now again
+        clock.now = 119.5
+        assert c["a"] == [1, 2]
+        assert c.touch("a") is True              # None: no TTL any more
+        clock.now = 1e6
+        assert c["a"] == [1, 2]
+        assert c.touch("a", 0) is True           # 0: gone, as set(expire=0)
+        assert "a" not in c and len(c) == 0
+        c.set("e", 1, expire=1)
+        clock.now += 1
+        assert c.touch("e", 100) is False        # expired entries are not revived
+        with pytest.raises(ValueError, match="expire"):
+            c.touch("e", float("nan"))
+
+
+def test_touch_keeps_the_entrys_own_key_object(tmp_path):
+    with opened(tmp_path / "c") as c:
+        c[1] = "one"
+        assert c.touch(1.0, 30) is True
+        (key,) = list(c)
+        assert type(key) is int and c[1] == "one"
+    with opened(tmp_path / "c") as c:
+        (key,) = list(c)
+        assert type(key) is int
+
+
+# -- durability ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("durability", ["log", "fsync"])
+def test_every_atomic_op_is_recovered_after_a_crash(tmp_path, durability):
+    clock = Clock(100)
+    c = Cache(tmp_path / "c", clock=clock, durability=durability, flush_interval=3600,
+              flush_batch_pages=1_000_000)
+    c["counter"] = 10
+    c.incr("counter", 5)
+    c.decr("gone", default=3)
+    c.add("added", {"x": 1})
+    c.add("added", "loses")
+    c["ttl"] = b"v"
+    c.touch("ttl", 50)
+    c["persist"] = "p"
+    c.touch("persist", 50)
+    c.touch("persist", None)
+    c["dropped"] = 1
+    c.touch("dropped", 0)
+    crash(c)
+    with opened(tmp_path / "c", clock=clock) as c:
+        assert c.stats().recovered_records > 0
+        assert dict(c.items()) == {"counter": 15, "gone": 2, "added": {"x": 1}, "ttl": b"v",
+                                   "persist": "p"}
+        clock.now = 150
+        assert dict(c.items()) == {"counter": 15, "gone": 2, "added": {"x": 1}, "persist": "p"}
+
+
+def test_atomic_ops_on_a_closed_cache_raise(tmp_path):
+    from durablekv import CacheClosedError
+    c = Cache(tmp_path / "c")
+    c.close()
+    for call in (lambda: c.add("a", 1), lambda: c.incr("a"), lambda: c.decr("a"),
+                 lambda: c.touch("a", 1)):
+        with pytest.raises(CacheClosedError):
+            call()
