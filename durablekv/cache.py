@@ -1130,20 +1130,23 @@ class Cache(MutableMapping):
 
         Atomic: of many threads adding the same key, one wins (Redis's
         ``SET ... NX``, diskcache's ``Cache.add``). ``expire`` is as for
-        :meth:`set`; ``expire=0`` stores nothing and returns True.
+        :meth:`set`, except that it cannot be 0: the entry would be expired
+        as it is stored, and True would claim a key that is not there.
 
-        :raises TypeError, ValueError: as for :meth:`set`.
+        :raises TypeError, ValueError: as for :meth:`set`; ValueError for
+            ``expire=0``.
         :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
         """
         if expire is not None:
             expire = _check_expire(expire)
+            if expire == 0:
+                raise ValueError("add() with expire=0 would store an entry that is already "
+                                 "expired; pass a positive expire, or None for no expiry")
         kb, vb, held, nbytes = self._encode_entry(key, value)
         with self._lock:
             self._open_for_writes()
             if self._ref(key) is not None:
                 return False
-            if expire == 0:
-                return True  # stored already expired: nothing to store
             expire_at = None if expire is None else self._now() + expire
             lsn = self._append(OP_SET, kb, vb, expire_at)
             self._apply_set(key, held, expire_at, None, lsn, nbytes)
@@ -1656,14 +1659,22 @@ def _key_too_long(kb: bytes) -> ValueError:
 def _memoize_key_error(prefix: str, args: tuple, kwargs: dict, exc: TypeError) -> str:
     """What a memoized call's unstorable argument says: which function, which
     argument, and why (the arguments are the cache key)."""
-    named = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
-    named += [(f"argument {k}=", v) for k, v in sorted(kwargs.items())]
+    ordinals = {1: "1st", 2: "2nd", 3: "3rd"}
+    named = [(f"its {ordinals.get(i + 1, f'{i + 1}th')} positional argument", a)
+             for i, a in enumerate(args)]
+    named += [(f"its argument {k}=", v) for k, v in sorted(kwargs.items())]
     for label, value in named:
         try:
             _codec.check_key(value)
         except TypeError as why:
+            if isinstance(value, list):
+                fix = "pass a tuple instead of the list"
+            elif isinstance(value, (str, int, float, bytes)):
+                fix = "pass the plain value (e.g. an enum member's .value)"
+            else:
+                fix = "pass a value of one of those types"
             return (f"memoized {prefix}(): {label} ({value!r:.60}) cannot be part of a cache "
-                    f"key: {why}; pass a value of one of those types (e.g. a tuple, not a list)")
+                    f"key: {why}; {fix}")
     return f"memoized {prefix}(): its arguments cannot be a cache key: {exc}"
 
 

@@ -407,7 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "one are moved aside (replay-*.log.damaged). The writes behind the "
                        "damage are lost. Run `durablekv check DIR` first: it says whether "
                        "salvage is needed and how many records it keeps. Exit status 0 when "
-                       "the cache opened (salvaged or not), 1 when it could not be opened.")
+                       "the cache opened (salvaged or not), 1 when it could not be opened "
+                       "(open in another process, a damaged store), 2 when DIR is not a cache "
+                       "directory.")
     s.add_argument("dir", help="cache directory")
     s.set_defaults(func=_cmd_salvage)
     return parser
@@ -515,8 +517,16 @@ def _stored_serializer(directory: str) -> str:
 def _cmd_salvage(args: argparse.Namespace) -> int:
     from .cache import Cache
     directory = args.dir
+    if not os.path.exists(directory):
+        raise ConfigError(f"no such directory: {directory!r}; name a cache directory")
     if not os.path.isdir(directory):
-        raise ConfigError(f"{directory!r} is not a directory; name a cache directory")
+        raise ConfigError(f"{directory!r} is a file, not a cache directory")
+    from .replaylog import list_segments
+    from .store import STORE_FILE
+    if not os.path.exists(os.path.join(directory, STORE_FILE)) and not list_segments(directory):
+        # opening would make a new, empty cache here
+        raise ConfigError(f"{directory!r} is not a durablekv cache directory (no {STORE_FILE}, "
+                          "no replay log); salvage repairs an existing cache")
 
     def aside() -> set[str]:
         return {n for n in os.listdir(directory) if n.endswith(".damaged")}

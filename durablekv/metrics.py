@@ -191,9 +191,11 @@ class CacheCollector:
         """
         missing = [a for a in ("name", "closed", "stats", "histograms") if not hasattr(cache, a)]
         if missing:
+            hint = ("; pass the caches themselves: CacheCollector(*caches)"
+                    if isinstance(cache, (list, tuple, set)) else "")
             raise TypeError(f"CacheCollector carries durablekv.Cache objects; got "
                             f"{type(cache).__qualname__} {cache!r:.60}, which has no "
-                            f"{', '.join(missing)}")
+                            f"{', '.join(missing)}{hint}")
         with self._lock:
             kept = tuple(c for c in self._caches if not c.closed)
             if any(c is cache for c in kept):

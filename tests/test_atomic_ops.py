@@ -36,7 +36,9 @@ def test_add_stores_only_when_no_live_entry_is_there(tmp_path):
         assert c["t"] == "new"
         clock.now = 115
         assert "t" not in c
-        assert c.add("z", 1, expire=0) is True   # stored already expired
+        # expire=0 would be expired as stored: True would claim a key not there
+        with pytest.raises(ValueError, match="add\\(\\) with expire=0"):
+            c.add("z", 1, expire=0)
         assert "z" not in c and len(c) == 1
         with pytest.raises(TypeError, match="cannot store value of type builtins.object"):
             c.add("x", object())

@@ -580,7 +580,16 @@ def test_cli_salvage_adopts_the_stored_serializer(tmp_path, capsys):
 
 def test_cli_salvage_of_a_missing_or_open_directory_fails_cleanly(tmp_path, capsys):
     assert main(["salvage", str(tmp_path / "nope")]) == 2
-    assert "is not a directory" in capsys.readouterr().err
+    assert "no such directory" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["salvage", str(tmp_path / "file")]) == 2
+    assert "is a file, not a cache directory" in capsys.readouterr().err
+    # a directory that holds no cache is refused, not made into a new cache
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "notes.txt").write_text("x")
+    assert main(["salvage", str(tmp_path / "proj")]) == 2
+    assert "is not a durablekv cache directory" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "proj").iterdir()] == ["notes.txt"]
     with Cache(tmp_path / "c"):
         assert main(["salvage", str(tmp_path / "c")]) == 1
         err = capsys.readouterr().err

@@ -566,3 +566,10 @@ def test_a_collector_of_something_that_is_not_a_cache_fails_at_once(thing):
         CacheCollector().add(thing)
     with pytest.raises(TypeError):
         serve(thing, port=0)
+
+
+def test_a_collector_given_a_list_of_caches_says_to_unpack_it(tmp_path):
+    from durablekv import Cache
+    with Cache(tmp_path / "c") as cache:
+        with pytest.raises(TypeError, match=r"CacheCollector\(\*caches\)"):
+            CacheCollector([cache])
