@@ -1089,15 +1089,22 @@ class Cache(MutableMapping):
             if lsn_to_sync is None:
                 # An expired entry is gone: the key is stored anew (keeping the
                 # new key object, as a dict does for a fresh key), not updated.
-                ref = self._ref(key)
-                lsn_to_sync = self._append(OP_SET, kb, vb, expire_at)
-                self._apply_set(key, held, expire_at, ref, lsn_to_sync, nbytes)
-                self._sets += 1
+                lsn_to_sync = self._logged_set(key, kb, vb, held, expire_at,
+                                               self._ref(key), nbytes)
         if self.durability == "fsync":
             self._sync(lsn_to_sync)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.set(key, value)
+
+    def _logged_set(self, key: Any, kb: bytes, vb: bytes, held: Any, expire_at: float | None,
+                    ref: tuple[Page, int] | None, nbytes: int) -> int:
+        """Log a set and apply it (lock held); return its LSN. ``ref``: the
+        key's live ``(page, slot)`` or None (see :meth:`_apply_set`)."""
+        lsn = self._append(OP_SET, kb, vb, expire_at)
+        self._apply_set(key, held, expire_at, ref, lsn, nbytes)
+        self._sets += 1
+        return lsn
 
     def _value_too_big(self, key: Any, size: int) -> ValueError:
         return ValueError(f"value for key {key!r} is {size} bytes, over max_value_bytes="
@@ -1148,9 +1155,7 @@ class Cache(MutableMapping):
             if self._ref(key) is not None:
                 return False
             expire_at = None if expire is None else self._now() + expire
-            lsn = self._append(OP_SET, kb, vb, expire_at)
-            self._apply_set(key, held, expire_at, None, lsn, nbytes)
-            self._sets += 1
+            lsn = self._logged_set(key, kb, vb, held, expire_at, None, nbytes)
         if self.durability == "fsync":
             self._sync(lsn)
         return True
@@ -1194,9 +1199,7 @@ class Cache(MutableMapping):
                 value, expire_at = old + delta, page.expires[slot]
             # encoded under the lock: the new value depends on the old one
             kb, vb, held, nbytes = self._encode_entry(key, value)
-            lsn = self._append(OP_SET, kb, vb, expire_at)
-            self._apply_set(key, held, expire_at, ref, lsn, nbytes)
-            self._sets += 1
+            lsn = self._logged_set(key, kb, vb, held, expire_at, ref, nbytes)
         if self.durability == "fsync":
             self._sync(lsn)
         return value
@@ -1240,9 +1243,7 @@ class Cache(MutableMapping):
                 held = page.values[slot]
                 vb = self._codec.to_blob(held)
                 expire_at = None if expire is None else self._now() + expire
-                lsn = self._append(OP_SET, kb, vb, expire_at)
-                self._apply_set(key, held, expire_at, ref, lsn, len(kb) + len(vb))
-                self._sets += 1
+                lsn = self._logged_set(key, kb, vb, held, expire_at, ref, len(kb) + len(vb))
         if self.durability == "fsync":
             self._sync(lsn)
         return True
