@@ -979,13 +979,17 @@ class Cache(MutableMapping):
                     self._store_hits += 1
                 v = page.values[slot]
                 return v if type(v) is not _Frozen else self._codec.decode(v.blob)
-            ref = self._ref(key)
-            if ref is None:
-                self._misses += 1
-                return default
-            page, slot = ref
-            self._store_hits += 1
-            return self._codec.from_memory(page.values[slot])
+            # Not in the page table: _ref's steps without its second lookup.
+            ref = self._locate(key)
+            if ref is not None:
+                page, slot = ref
+                exp = page.expires[slot]
+                if exp is None or self._now() < exp:
+                    self._store_hits += 1
+                    return self._codec.from_memory(page.values[slot])
+                self._expire(key)
+            self._misses += 1
+            return default
 
     def __getitem__(self, key: Any) -> Any:
         value = self.get(key, _MISSING)
