@@ -1181,6 +1181,7 @@ class Cache(MutableMapping):
             an int (a bool does not count as one).
         :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
         """
+        _codec.encode_key(key)  # a bad key is a TypeError, even where a lookup would not tell
         if type(delta) is not int:
             raise TypeError(f"incr() delta must be an int, got {type(delta).__qualname__} "
                             f"{delta!r}")
@@ -1216,6 +1217,9 @@ class Cache(MutableMapping):
         if type(delta) is not int:
             raise TypeError(f"decr() delta must be an int, got {type(delta).__qualname__} "
                             f"{delta!r}")
+        if default is not None and type(default) is not int:
+            raise TypeError(f"decr() default must be an int or None, got "
+                            f"{type(default).__qualname__} {default!r}")
         return self.incr(key, -delta, default)
 
     def touch(self, key: Any, expire: float | None = None) -> bool:
@@ -1230,14 +1234,15 @@ class Cache(MutableMapping):
         """
         if expire is not None:
             expire = _check_expire(expire)
+        _codec.encode_key(key)  # a bad key is a TypeError, even where a lookup would not tell
         with self._lock:
             self._open_for_writes()
             ref = self._ref(key)
             if ref is None:
                 return False
             page, slot = ref
-            # logged as a set of the same value under the entry's own key
-            # object, so that a replay rebuilds exactly this entry
+            # logged as a set of the same value, under the key object the
+            # entry keeps (a set of an equal key keeps it too)
             kb = _codec.encode_key(page.keys[slot])
             if expire == 0:
                 lsn = self._append(OP_DELETE, kb, b"", None)
@@ -1543,9 +1548,16 @@ class Cache(MutableMapping):
                 try:
                     value = self.get(key, _MISSING)
                 except TypeError as exc:
-                    raise TypeError(_memoize_key_error(prefix, args, kwargs, exc)) from exc
+                    raise _memoize_key_error(prefix, args, kwargs, key, exc) from exc
                 if value is not _MISSING:
                     return value
+                # A miss may be answered without looking at the key (a key
+                # just found absent, a pending clear): check it before the
+                # function runs, so a bad argument is never blamed on the result.
+                try:
+                    _codec.check_key(key)
+                except TypeError as exc:
+                    raise _memoize_key_error(prefix, args, kwargs, key, exc) from exc
                 with flights:
                     flight = inflight.get(key)
                     leader = flight is None
@@ -1661,9 +1673,21 @@ def _key_too_long(kb: bytes) -> ValueError:
                       "limit on keys; use a shorter key (e.g. a hash of it)")
 
 
-def _memoize_key_error(prefix: str, args: tuple, kwargs: dict, exc: TypeError) -> str:
-    """What a memoized call's unstorable argument says: which function, which
-    argument, and why (the arguments are the cache key)."""
+def _memoize_key_error(prefix: str, args: tuple, kwargs: dict, key: Any,
+                       exc: TypeError) -> TypeError:
+    """The TypeError for a memoized call whose arguments cannot be a cache
+    key: which function, which argument, and why. ``exc`` itself when the
+    key is fine (the TypeError came from elsewhere, e.g. decoding a value)."""
+    try:
+        _codec.check_key(key)
+    except TypeError:
+        pass
+    else:
+        return exc
+    return TypeError(_memoize_key_message(prefix, args, kwargs, exc))
+
+
+def _memoize_key_message(prefix: str, args: tuple, kwargs: dict, exc: TypeError) -> str:
     ordinals = {1: "1st", 2: "2nd", 3: "3rd"}
     named = [(f"its {ordinals.get(i + 1, f'{i + 1}th')} positional argument", a)
              for i, a in enumerate(args)]

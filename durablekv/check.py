@@ -24,13 +24,14 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
+import shlex
 import sqlite3
 from dataclasses import dataclass, field
 
 from .cache import LOCK_FILE, lock_owner_pid
 from .codec import canonical_key, decode_key
 from .replaylog import list_segments, scan_segment
-from .store import STORE_FILE, decode_page, migration_files
+from .store import STORE_FILE, decode_page, migration_files, read_only_uri
 
 __all__ = ["check_directory", "CheckResult"]
 
@@ -134,8 +135,7 @@ def _check_store(directory: str, r: CheckResult) -> int:
     # crash left it) must be read, so then SQLite uses the -shm as usual.
     immutable = not os.path.exists(wal) or os.path.getsize(wal) == 0
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro" + ("&immutable=1" if immutable else ""),
-                               uri=True)
+        conn = sqlite3.connect(read_only_uri(path, immutable), uri=True)
         rows = [x[0] for x in conn.execute("PRAGMA integrity_check")]
     except sqlite3.OperationalError as exc:
         if "unable to open" not in str(exc):
@@ -221,7 +221,7 @@ def _check_store(directory: str, r: CheckResult) -> int:
 #: What a damaged log asks of the user: the next open refuses it.
 def _salvage_advice(directory: str) -> str:
     return ("the next open refuses the log (LogCorruptionError). Run `durablekv salvage "
-            f"{directory}` (or open with salvage_log=True) to keep the records before it and "
+            f"{shlex.quote(directory)}` (or open with salvage_log=True) to keep the records before it and "
             "move this segment and every later one aside, losing the records from there on, "
             "or restore the directory from a backup")
 
@@ -291,12 +291,12 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
         elif last and not scan.intact_after:
             whole = ""
             if damage.detail.startswith("CRC mismatch"):
-                # every byte of the record is there: a power loss during the
-                # write leaves this, and so does a flipped bit on disk
-                whole = ("; the record is whole but fails its CRC, which a crash or power "
-                         "loss during its write leaves, and a flipped bit on disk too: if "
-                         "neither happened since it was written, the open drops a write "
-                         "that was acknowledged")
+                # the bytes its length names are all there: a power loss
+                # during the write leaves this, and so does a flipped bit
+                whole = ("; the bytes of the record all lie within the file but fail its "
+                         "CRC, which a crash or power loss during its write leaves, and a "
+                         "flipped bit on disk too: if neither happened since it was "
+                         "written, the open drops a write that was acknowledged")
             r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
                    f"{len(data) - scan.good_end} bytes); it is cut off at the next open{whole}")
         else:  # refused

@@ -407,10 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "one are moved aside (replay-*.log.damaged). The writes behind the "
                        "damage are lost. Run `durablekv check DIR` first: it says whether "
                        "salvage is needed and how many records it keeps. Exit status 0 when "
-                       "the cache opened (salvaged or not), 1 when it could not be opened "
-                       "(open in another process, a damaged store), 2 when DIR is not a cache "
-                       "directory.")
+                       "the cache opened (salvaged or not), 1 when the cache refused to open "
+                       "(open in another process, a damaged store), 2 for a DIR that is not a "
+                       "cache directory, a bad option or a file system error.")
     s.add_argument("dir", help="cache directory")
+    s.add_argument("--serializer", choices=("safe", "pickle"),
+                   help="the cache's serializer (default: the one its store records; needed "
+                   "when pages.sqlite3 is missing)")
     s.set_defaults(func=_cmd_salvage)
     return parser
 
@@ -494,17 +497,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1 if result.damaged else 2
 
 
-def _stored_serializer(directory: str) -> str:
+def _stored_serializer(directory: str) -> str | None:
     """The serializer a store was created with (its meta table), read
-    without opening the cache; "safe" when there is no store yet. A store
-    that cannot be read is left for the open to report."""
-    from .store import STORE_FILE
+    without opening the cache; None when there is no store to read it from.
+    A store that cannot be read is left for the open to report."""
+    from .store import STORE_FILE, read_only_uri
     path = os.path.join(directory, STORE_FILE)
     if not os.path.isfile(path):
-        return "safe"
+        return None
     import sqlite3
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
         try:
             row = conn.execute("SELECT value FROM meta WHERE name = 'serializer'").fetchone()
         finally:
@@ -531,17 +534,26 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
     def aside() -> set[str]:
         return {n for n in os.listdir(directory) if n.endswith(".damaged")}
 
+    serializer = args.serializer
+    if serializer is None:
+        serializer = _stored_serializer(directory)
+        if serializer is None:
+            # The log does not say which serializer wrote its values; a
+            # wrong guess would fail halfway and leave a store that claims it.
+            raise ConfigError(f"{directory!r} has a replay log but no {STORE_FILE} to say which "
+                              "serializer wrote it; pass --serializer safe (the default when "
+                              "the cache was made) or --serializer pickle")
     before = aside()
     # Opening does the salvage; closing flushes and checkpoints. Nothing
     # else is written (unlike `replay --salvage-log`, which then replays).
-    with Cache(directory, salvage_log=True, serializer=_stored_serializer(directory)) as cache:
+    with Cache(directory, salvage_log=True, serializer=serializer) as cache:
         st = cache.stats()
     moved = sorted(aside() - before)
     print(f"ok      replay log: {st.recovered_records} records after the store's checkpoint "
           "applied and stored")
     if st.torn_records:
-        print(f"note    replay log: cut a torn tail ({st.torn_records} record) off the last "
-              "segment, as every open does")
+        print(f"note    replay log: cut a torn tail ({st.torn_records} record"
+              f"{'s' if st.torn_records != 1 else ''}) off the last segment, as every open does")
     if not st.salvaged_bytes:
         print("result  NOTHING TO SALVAGE: the log had no damage that stops an open")
         return 0

@@ -27,6 +27,7 @@ rendered in the message, which says what happened, where, and what to do.
 from __future__ import annotations
 
 import os
+import shlex
 
 __all__ = [
     "DurableKVError",
@@ -168,7 +169,7 @@ class LogCorruptionError(LogError):
         super().__init__(
             f"replay log {path!r} is damaged at byte offset {offset} ({detail}); "
             "records after it cannot be trusted. Open with salvage_log=True (or run "
-            f"`durablekv salvage {os.path.dirname(path) or '.'}`) to keep the records "
+            f"`durablekv salvage {shlex.quote(os.path.dirname(path) or '.')}`) to keep the records "
             "before the damage and move the file aside, losing the records from there on, "
             "or restore the directory from a backup"
         )

@@ -792,6 +792,15 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
+def read_only_uri(path: str, immutable: bool = False) -> str:
+    """An SQLite URI that opens ``path`` read-only. The path is
+    percent-encoded: a ``#`` or ``?`` in a directory name would otherwise
+    end the path, and SQLite would open (and create) a different file."""
+    import pathlib
+    uri = pathlib.Path(os.path.abspath(path)).as_uri() + "?mode=ro"
+    return uri + "&immutable=1" if immutable else uri
+
+
 #: Most rows in one multi-row INSERT (see SQLitePageStore._insert_many).
 _ROWS_PER_STATEMENT = 256
 _first = operator.itemgetter(0)

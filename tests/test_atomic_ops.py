@@ -6,6 +6,7 @@ a set, so it is atomic between threads and survives a crash."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -47,9 +48,18 @@ def test_add_stores_only_when_no_live_entry_is_there(tmp_path):
         assert "x" not in c
 
 
-def test_add_from_many_threads_has_exactly_one_winner(tmp_path):
+def test_add_from_many_threads_has_exactly_one_winner(tmp_path, monkeypatch):
+    # The lookup that decides "absent" sleeps a moment: an add whose check
+    # and store were two steps would let every other thread in between.
+    real_ref = Cache._ref
+
+    def slow_ref(self, *args, **kwargs):
+        found = real_ref(self, *args, **kwargs)
+        time.sleep(0.001)
+        return found
+    monkeypatch.setattr(Cache, "_ref", slow_ref)
     with opened(tmp_path / "c") as c:
-        for round_ in range(20):
+        for round_ in range(10):
             key = f"k{round_}"
             barrier = threading.Barrier(8)
             won: list[int] = []
@@ -216,3 +226,66 @@ def test_atomic_ops_on_a_closed_cache_raise(tmp_path):
                  lambda: c.touch("a", 1)):
         with pytest.raises(CacheClosedError):
             call()
+
+
+def test_atomic_ops_on_a_failed_cache_raise(tmp_path, monkeypatch):
+    import errno
+
+    from durablekv import CacheFailedError, LogWriteError
+    from durablekv.replaylog import ReplayLog
+    c = Cache(tmp_path / "c", durability="fsync", flush_interval=3600)
+    c["a"] = 1
+
+    def bad_fsync(self, fd):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(ReplayLog, "_fsync", bad_fsync)
+    with pytest.raises(LogWriteError):
+        c.incr("n")
+    for call in (lambda: c.add("b", 1), lambda: c.incr("a"), lambda: c.decr("a"),
+                 lambda: c.touch("a", 1)):
+        with pytest.raises(CacheFailedError):
+            call()
+    monkeypatch.undo()
+    c.close()
+
+
+def test_in_fsync_mode_each_op_returns_only_once_its_record_is_fsynced(tmp_path):
+    c = Cache(tmp_path / "c", durability="fsync", flush_interval=3600)
+    synced: list[int] = []
+    real = c._log.sync_to
+
+    def spy(lsn: int) -> None:
+        real(lsn)
+        synced.append(lsn)
+    c._log.sync_to = spy
+    try:
+        c["t"] = 1
+        for op in (lambda: c.add("a", 1), lambda: c.incr("n"), lambda: c.decr("n"),
+                   lambda: c.touch("t", 5), lambda: c.touch("t", 0)):
+            before = c._last_lsn
+            op()
+            assert c._last_lsn == before + 1           # one record each ...
+            assert synced and synced[-1] == c._last_lsn  # ... fsynced before it returned
+        n = len(synced)
+        assert c.add("a", 2) is False and c.touch("nope", 1) is False
+        assert len(synced) == n                        # nothing written, nothing to wait for
+    finally:
+        c.close()
+
+
+def test_a_bad_key_is_a_type_error_even_when_a_lookup_would_not_tell(tmp_path):
+    """After a miss on an equal key, or while a clear is pending, a lookup
+    answers without looking at the key; these still check it."""
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    with opened(tmp_path / "c") as c:
+        for setup in (lambda: c.get(1), c.clear):
+            setup()
+            for call in (lambda: c.touch(Color.RED, 5), lambda: c.incr(Color.RED),
+                         lambda: c.decr(Color.RED), lambda: c.add(Color.RED, 1)):
+                with pytest.raises(TypeError, match="cannot store key of type"):
+                    call()
+        assert len(c) == 0

@@ -910,6 +910,18 @@ def test_memoize_names_the_function_and_the_argument_that_cannot_be_a_key(tmp_pa
             lookup("bad result")
         assert len(cache) == 0
         assert lookup((1, 2), flags=("a",)) == (1, 2)
+        # a miss answered without looking at the key (just found absent, or a
+        # pending clear) still blames the argument, and the function never runs
+        import enum
+
+        class Color(enum.IntEnum):
+            RED = 1
+        calls.clear()
+        for setup in (lambda: cache.get(lookup.cache_key(1)), cache.clear):
+            setup()
+            with pytest.raises(TypeError, match="its 1st positional argument .* enum member's"):
+                lookup(Color.RED)
+        assert calls == []
 
 
 def test_an_unhashable_key_gets_the_same_type_error_from_every_method(tmp_path):

@@ -567,13 +567,32 @@ def test_cli_salvage_keeps_the_good_prefix_and_writes_nothing_else(tmp_path, cap
         Path(seg).name + ".damaged"]
 
 
-def test_cli_salvage_adopts_the_stored_serializer(tmp_path, capsys):
-    d = tmp_path / "c"
+@pytest.mark.parametrize("name", ["c", "run#1", "a?b"])
+def test_cli_salvage_adopts_the_stored_serializer(tmp_path, capsys, name):
+    """Read from the store's meta table; a ``#`` or ``?`` in the path must
+    not cut the SQLite URI short (that read another file, and made it)."""
+    d = tmp_path / name
     cache = Cache(d, serializer="pickle", **NEVER)
     cache["a"] = {1, 2}
     crash(cache)
     assert main(["salvage", str(d)]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("result  NOTHING TO SALVAGE")
+    with Cache(d, serializer="pickle") as cache:
+        assert cache["a"] == {1, 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no stray file
+
+
+def test_cli_salvage_of_a_log_without_a_store_needs_the_serializer(tmp_path, capsys):
+    d = tmp_path / "c"
+    cache = Cache(d, serializer="pickle", **NEVER)
+    cache["a"] = {1, 2}
+    crash(cache)
+    os.unlink(d / "pages.sqlite3")
+    before = sorted(p.name for p in d.iterdir())
+    assert main(["salvage", str(d)]) == 2
+    assert "pass --serializer safe" in capsys.readouterr().err
+    assert sorted(p.name for p in d.iterdir()) == before  # nothing written
+    assert main(["salvage", "--serializer", "pickle", str(d)]) == 0
     with Cache(d, serializer="pickle") as cache:
         assert cache["a"] == {1, 2}
 
@@ -594,3 +613,13 @@ def test_cli_salvage_of_a_missing_or_open_directory_fails_cleanly(tmp_path, caps
         assert main(["salvage", str(tmp_path / "c")]) == 1
         err = capsys.readouterr().err
         assert err.startswith("durablekv: cache directory") and "already open" in err
+
+
+@pytest.mark.parametrize("name", ["run#1", "a?b"])
+def test_check_reads_a_store_whose_path_has_uri_characters(tmp_path, capsys, name):
+    d = tmp_path / name
+    with Cache(d) as cache:
+        cache["x"] = 1
+    rc, lines = check_out(d, capsys)
+    assert rc == 0 and lines[-1] == "result  healthy", lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
