@@ -58,7 +58,8 @@ def run_writer_and_kill(directory: Path, seed: int, durability: str, kill_after:
             if started is not None and now - started >= kill_after and not waits_for_marker:
                 break
             if now > deadline:
-                raise AssertionError("writer did not start within 60 s")
+                raise AssertionError("writer did not start within 60 s" if started is None else
+                                     f"writer did not reach its {marker!r} marker within 60 s")
             limit = deadline if started is None or waits_for_marker else started + kill_after
             ready, _, _ = select.select([proc.stdout], [], [], max(0.0, limit - now))
             if ready:
