@@ -1182,12 +1182,7 @@ class Cache(MutableMapping):
         :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
         """
         _codec.encode_key(key)  # a bad key is a TypeError, even where a lookup would not tell
-        if type(delta) is not int:
-            raise TypeError(f"incr() delta must be an int, got {type(delta).__qualname__} "
-                            f"{delta!r}")
-        if default is not None and type(default) is not int:
-            raise TypeError(f"incr() default must be an int or None, got "
-                            f"{type(default).__qualname__} {default!r}")
+        _check_counter_args("incr", delta, default)
         with self._lock:
             self._open_for_writes()
             ref = self._ref(key)
@@ -1214,12 +1209,7 @@ class Cache(MutableMapping):
 
         :raises KeyError, TypeError: as for :meth:`incr`.
         """
-        if type(delta) is not int:
-            raise TypeError(f"decr() delta must be an int, got {type(delta).__qualname__} "
-                            f"{delta!r}")
-        if default is not None and type(default) is not int:
-            raise TypeError(f"decr() default must be an int or None, got "
-                            f"{type(default).__qualname__} {default!r}")
+        _check_counter_args("decr", delta, default)
         return self.incr(key, -delta, default)
 
     def touch(self, key: Any, expire: float | None = None) -> bool:
@@ -1666,6 +1656,16 @@ class Cache(MutableMapping):
                 self._tier.flush_failed(snap.items[i][0])
             self._store.resume_snapshot()
             self._cond.notify_all()
+
+
+def _check_counter_args(op: str, delta: Any, default: Any) -> None:
+    """incr/decr arguments: ints only (a bool is not one), ``default`` may be None."""
+    if type(delta) is not int:
+        raise TypeError(f"{op}() delta must be an int, got {type(delta).__qualname__} "
+                        f"{delta!r}")
+    if default is not None and type(default) is not int:
+        raise TypeError(f"{op}() default must be an int or None, got "
+                        f"{type(default).__qualname__} {default!r}")
 
 
 def _key_too_long(kb: bytes) -> ValueError:
