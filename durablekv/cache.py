@@ -694,16 +694,22 @@ class Cache(MutableMapping):
         self._lock_fd = None
 
     def _locate(self, key: Any) -> tuple[Page, int] | None:
-        """Find a key whose page is not in memory: key index, then page fault."""
-        if self._clear_pending:
-            return None
-        absent = self._absent
-        if absent is not _MISSING and type(absent) is type(key) and absent == key:
-            # Looked up a moment ago and not found; nothing has inserted it
-            # since (an insert clears this), so it cannot have reached the
-            # store: a look-aside miss + fill costs one index lookup, not two.
+        """Find a key whose page is not in memory: key index, then page fault.
+
+        :raises TypeError: an unsupported key (from ``canonical_key``): every
+            answer but the look-aside one below comes after that check.
+        """
+        if self._absent is key:
+            # This very object was looked up a moment ago and not found, so it
+            # passed the key check; nothing has inserted it since (an insert
+            # clears this), so it cannot have reached the store: a look-aside
+            # miss + fill costs one index lookup, not two. (Identity, not
+            # equality: an equal key of an unsupported type, such as an
+            # IntEnum member inside a tuple, must still meet the check.)
             return None
         ck = _codec.canonical_key(key)
+        if self._clear_pending:
+            return None
         if self._filter.ready and ck not in self._filter:
             self._absent = key
             return None
@@ -1021,26 +1027,19 @@ class Cache(MutableMapping):
         """
         if expire is not None:
             expire = _check_expire(expire)
-        if type(key) is str:
+        if type(key) is str and type(value) is bytes and self._codec.name == "safe":
+            # The common entry, encoded inline (_encode_entry's steps, no calls).
             kb = key.encode("utf-8", "surrogatepass")
             kb = b"s" + _U32_PACK(len(kb)) + kb
-        else:
-            kb = _codec.encode_key(key)
-        if len(kb) > MAX_KEY_BYTES:
-            raise _key_too_long(kb)
-        codec = self._codec
-        tv = type(value)
-        if tv is bytes and codec.name == "safe":
+            if len(kb) > MAX_KEY_BYTES:
+                raise _key_too_long(kb)
+            if len(value) > self.max_value_bytes:
+                raise self._value_too_big(key, len(value))
             vb = b"b" + _U32_PACK(len(value)) + value
-            size = len(value)
             held = value
+            nbytes = len(kb) + len(vb)
         else:
-            vb = codec.encode(value)
-            size = codec.value_bytes(value, vb)
-            held = codec.memory_form(value, vb)
-        if size > self.max_value_bytes:
-            raise self._value_too_big(key, size)
-        nbytes = len(kb) + len(vb)
+            kb, vb, held, nbytes = self._encode_entry(key, value)
         with self._lock:
             if self._state is not _OPEN:
                 self._check_open()
@@ -1116,8 +1115,17 @@ class Cache(MutableMapping):
 
     def _encode_entry(self, key: Any, value: Any) -> tuple[bytes, bytes, Any, int]:
         """``(key bytes, value bytes, memory form, encoded size)`` of an entry,
-        checked as :meth:`set` checks it (set inlines the same steps)."""
-        kb = _codec.encode_key(key)
+        with the key and value checks every write makes (set inlines these
+        steps for a str key and a bytes value).
+
+        :raises TypeError: unsupported key or value type.
+        :raises ValueError: key or value over its size limit.
+        """
+        if type(key) is str:
+            kb = key.encode("utf-8", "surrogatepass")
+            kb = b"s" + _U32_PACK(len(kb)) + kb
+        else:
+            kb = _codec.encode_key(key)
         if len(kb) > MAX_KEY_BYTES:
             raise _key_too_long(kb)
         codec = self._codec
@@ -1181,7 +1189,6 @@ class Cache(MutableMapping):
             an int (a bool does not count as one).
         :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
         """
-        _codec.encode_key(key)  # a bad key is a TypeError, even where a lookup would not tell
         _check_counter_args("incr", delta, default)
         with self._lock:
             self._open_for_writes()
@@ -1224,7 +1231,9 @@ class Cache(MutableMapping):
         """
         if expire is not None:
             expire = _check_expire(expire)
-        _codec.encode_key(key)  # a bad key is a TypeError, even where a lookup would not tell
+        # A write checks its key as set and delete do (a lookup would find an
+        # entry through an equal key of an unsupported type, e.g. an IntEnum).
+        _codec.encode_key(key)
         with self._lock:
             self._open_for_writes()
             ref = self._ref(key)
@@ -1255,10 +1264,7 @@ class Cache(MutableMapping):
         """
         kb = _codec.encode_key(key)
         with self._lock:
-            if self._state is not _OPEN:
-                self._check_open()
-            if self._tier.pending >= self.max_pending_pages:
-                self._backpressure()
+            self._open_for_writes()
             if self._ref(key) is None:
                 return False
             lsn = self._append(OP_DELETE, kb, b"", None)
@@ -1276,9 +1282,7 @@ class Cache(MutableMapping):
         """Remove ``key`` and return its value; ``default`` (or KeyError) when missing."""
         kb = _codec.encode_key(key)
         with self._lock:
-            self._check_open()
-            if self._tier.pending >= self.max_pending_pages:
-                self._backpressure()
+            self._open_for_writes()
             ref = self._ref(key)
             if ref is None:
                 if default is _MISSING:
@@ -1541,13 +1545,6 @@ class Cache(MutableMapping):
                     raise _memoize_key_error(prefix, args, kwargs, key, exc) from exc
                 if value is not _MISSING:
                     return value
-                # A miss may be answered without looking at the key (a key
-                # just found absent, a pending clear): check it before the
-                # function runs, so a bad argument is never blamed on the result.
-                try:
-                    _codec.check_key(key)
-                except TypeError as exc:
-                    raise _memoize_key_error(prefix, args, kwargs, key, exc) from exc
                 with flights:
                     flight = inflight.get(key)
                     leader = flight is None

@@ -282,10 +282,11 @@ def test_a_bad_key_is_a_type_error_even_when_a_lookup_would_not_tell(tmp_path):
         RED = 1
 
     with opened(tmp_path / "c") as c:
-        for setup in (lambda: c.get(1), c.clear):
+        for setup in (lambda: c.get(1), lambda: c.get((1,)), c.clear):
             setup()
             for call in (lambda: c.touch(Color.RED, 5), lambda: c.incr(Color.RED),
-                         lambda: c.decr(Color.RED), lambda: c.add(Color.RED, 1)):
+                         lambda: c.decr(Color.RED), lambda: c.add(Color.RED, 1),
+                         lambda: c.get((Color.RED,)), lambda: Color.RED in c):
                 with pytest.raises(TypeError, match="cannot store key of type"):
                     call()
         assert len(c) == 0

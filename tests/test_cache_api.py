@@ -539,6 +539,19 @@ def test_bad_config_is_a_configerror(tmp_path, kw):
         c["ok"] = 1
 
 
+def test_the_smallest_segment_bytes_is_accepted_and_rolls_segments(tmp_path):
+    """README: ``segment_bytes`` is at least 1024 (below, ConfigError above)."""
+    from durablekv.cache import MIN_SEGMENT_BYTES
+    from durablekv.replaylog import list_segments
+    assert MIN_SEGMENT_BYTES == 1024
+    with open_cache(tmp_path / "c", segment_bytes=1024) as c:
+        for i in range(100):
+            c[f"k{i}"] = b"v" * 100
+        assert len(list_segments(str(tmp_path / "c"))) > 5
+    with pytest.raises(ConfigError, match="segment_bytes must be an integer >= 1024, got 1023"):
+        Cache(tmp_path / "d", segment_bytes=1023)
+
+
 def test_page_size_is_fixed_at_creation(tmp_path):
     with open_cache(tmp_path / "c", page_size=4) as c:
         c.update({i: i for i in range(10)})
