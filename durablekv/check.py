@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .cache import LOCK_FILE, lock_owner_pid
 from .codec import canonical_key, decode_key
-from .replaylog import list_segments, scan_segment
+from .replaylog import _first_lsn_of, list_segments, scan_segment
 from .store import STORE_FILE, decode_page, migration_files, read_only_uri
 
 __all__ = ["check_directory", "CheckResult"]
@@ -242,7 +242,8 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
         last = i == len(segments) - 1
         with open(path, "rb") as f:
             data = f.read()
-        scan = scan_segment(data, checkpoint, None if last else segments[i + 1])
+        scan = scan_segment(data, checkpoint, None if last else segments[i + 1],
+                            _first_lsn_of(path))
         # records that follow damage stepped over: a gap before them is that damage's
         resumed = set(itertools.accumulate(count for _offset, count in scan.runs[:-1]))
         if after_damaged_end:
@@ -280,11 +281,12 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
                 then = (": the next open steps over them, and deletes this segment once a "
                         f"checkpoint passes its last record, LSN {last_lsn} (at the first "
                         "write-behind flush after the open, or at close)")
-            for skipped, resume in scan.stepped_over:
+            for skipped, resume, why in scan.stepped_over:
                 what = "damaged bytes" if resume is not None else "a damaged end"
-                r.note(f"{path}: {what} at offset {skipped.offset} ({skipped.detail}); the "
-                       f"records there are already in the store (at or below checkpoint "
-                       f"{checkpoint}), so nothing is lost{then}")
+                if why.startswith("the records there"):
+                    why += f" (at or below checkpoint {checkpoint})"
+                r.note(f"{path}: {what} at offset {skipped.offset} ({skipped.detail}); "
+                       f"{why}, so nothing is lost{then}")
         if damage is None:
             if not scan.stepped_over:
                 r.good(f"{path}: {len(scan.records)} records, CRCs ok")

@@ -33,8 +33,10 @@ path and offset, unless recovery runs with ``salvage=True``, which keeps the
 good prefix and gives up on the rest: the damaged segment and every later
 one are moved aside (``*.damaged``) by :meth:`ReplayLog.set_aside`, which the
 caller runs only once the kept records are in the store (the damaged segment
-holds the only copy of them until then). Damage behind which only records at
-or below the checkpoint lie is stepped over. The segments holding records to
+holds the only copy of them until then). Damage that can hide no record
+the store lacks is stepped over: the record behind it is at or below the
+checkpoint, or it follows the record before the damage with no LSN in
+between (a damaged segment header in front of intact records). The segments holding records to
 replay are fsynced before recovery returns; all segments stay until a
 checkpoint passes them, so the caller need not store the replayed records
 before it goes on.
@@ -237,10 +239,11 @@ class SegmentScan(NamedTuple):
         expire_at)`` tuples, in file order.
     :ivar runs: ``(offset, count)`` of each run of contiguous records parsed
         (a run ends at damage that was stepped over).
-    :ivar stepped_over: ``(damage, resume_offset)`` for each damage stepped
-        over because every record it can hide is at or below ``after_lsn``;
-        ``resume_offset`` is the next intact record, or None when the damage
-        runs to the end of the file (the next segment continues the log).
+    :ivar stepped_over: ``(damage, resume_offset, why)`` for each damage
+        stepped over because it can hide no record after ``after_lsn`` (see
+        :func:`scan_segment`); ``resume_offset`` is the next intact record,
+        or None when the damage runs to the end of the file (the next
+        segment continues the log); ``why`` says why nothing is lost.
     :ivar damage: the first damage not stepped over, or None; parsing
         stopped there.
     :ivar good_end: where ``damage`` starts (the file size when None).
@@ -249,20 +252,25 @@ class SegmentScan(NamedTuple):
 
     records: list[tuple]
     runs: list[tuple[int, int]]
-    stepped_over: list[tuple[_Damage, int | None]]
+    stepped_over: list[tuple[_Damage, int | None, str]]
     damage: _Damage | None
     good_end: int
     intact_after: bool
 
 
-def scan_segment(data: bytes, after_lsn: int, next_segment: str | None) -> SegmentScan:
+def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
+                 first_lsn: int | None = None) -> SegmentScan:
     """Parse a segment's bytes as recovery does, given the checkpoint ``after_lsn``.
 
     ``next_segment`` is the path of the segment after this one (None for the
-    last). Damage is stepped over when it can hide only records the store
-    already holds: the first record behind it (the next intact record in
-    this file, else the first of the next segment) has an LSN at or below
-    ``after_lsn + 1``. Parsing stops at any other damage.
+    last); ``first_lsn`` is the LSN this segment was opened for (from its
+    name, :func:`segment_name`). Damage is stepped over when it can hide no
+    record the store lacks: the first record behind it (the next intact
+    record in this file, else the first of the next segment) has an LSN at
+    or below ``after_lsn + 1``, or exactly one more than the record before
+    the damage (``first_lsn`` when the damage comes before any record, as
+    in a damaged segment header), so no record fits in between. Parsing
+    stops at any other damage.
 
     Damage in the LAST segment with no intact record behind it is a torn
     write from a crash (``intact_after`` False): a crash can only damage the
@@ -273,8 +281,17 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None) -> Segme
     """
     records: list[tuple] = []
     runs: list[tuple[int, int]] = []
-    stepped: list[tuple[_Damage, int | None]] = []
+    stepped: list[tuple[_Damage, int | None, str]] = []
     pos: int | None = None
+
+    def hides_nothing(lsn_behind: int) -> str | None:
+        if lsn_behind <= after_lsn + 1:
+            return "the records there are already in the store"
+        before = records[-1][0] if records else first_lsn and first_lsn - 1
+        if before and lsn_behind == before + 1:
+            return f"it holds no record: LSN {lsn_behind} follows {before}"
+        return None
+
     while True:
         recs, good_end, damage = _parse_segment(data, pos)
         runs.append((len(MAGIC) if pos is None else pos, len(recs)))
@@ -283,13 +300,16 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None) -> Segme
             return SegmentScan(records, runs, stepped, None, good_end, False)
         nxt = _next_intact_record(data, damage.offset + 1)
         if nxt is not None:
-            if HEADER.unpack_from(data, nxt)[2] <= after_lsn + 1:
-                stepped.append((damage, nxt))
+            why = hides_nothing(HEADER.unpack_from(data, nxt)[2])
+            if why:
+                stepped.append((damage, nxt, why))
                 pos = nxt
                 continue
-        elif next_segment is not None and _first_lsn_of(next_segment) <= after_lsn + 1:
-            stepped.append((damage, None))
-            return SegmentScan(records, runs, stepped, None, len(data), False)
+        elif next_segment is not None:
+            why = hides_nothing(_first_lsn_of(next_segment))
+            if why:
+                stepped.append((damage, None, why))
+                return SegmentScan(records, runs, stepped, None, len(data), False)
         return SegmentScan(records, runs, stepped, damage, good_end, nxt is not None)
 
 
@@ -416,17 +436,18 @@ class ReplayLog:
             with open(path, "rb") as f:
                 data = f.read()
             size = len(data)
-            # Damage that holds only records the store already has (every
-            # record behind it is at or below the checkpoint) loses nothing:
-            # the scan steps over it to the next intact record.
-            scan = scan_segment(data, after_lsn, None if last else segments[i + 1])
+            # Damage that can hide no record the store lacks (the record
+            # behind it is at or below the checkpoint, or follows the record
+            # before it with no LSN in between, as behind a damaged segment
+            # header) loses nothing: the scan steps over it.
+            scan = scan_segment(data, after_lsn, None if last else segments[i + 1],
+                                _first_lsn_of(path))
             records, runs = scan.records, scan.runs
-            for skipped, resume in scan.stepped_over:
+            for skipped, resume, why in scan.stepped_over:
                 self.skipped_damage += 1
-                log.warning("replay log %s: skipped %s at offset %d (%s); the records there "
-                            "are already in the store", path,
+                log.warning("replay log %s: skipped %s at offset %d (%s); %s", path,
                             "a damaged end" if resume is None else "damaged bytes",
-                            skipped.offset, skipped.detail)
+                            skipped.offset, skipped.detail, why)
             damage, good_end = scan.damage, scan.good_end
             if damage is not None and last and not scan.intact_after:
                 # a torn tail (see scan_segment): a crash cut the last append short

@@ -623,3 +623,75 @@ def test_check_reads_a_store_whose_path_has_uri_characters(tmp_path, capsys, nam
     rc, lines = check_out(d, capsys)
     assert rc == 0 and lines[-1] == "result  healthy", lines
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def write_segments(d: Path, n: int = 300) -> list[str]:
+    """``n`` sets in 2 KiB segments, none flushed (checkpoint 0); crash."""
+    cache = Cache(d, segment_bytes=2048, **NEVER)
+    for i in range(n):
+        cache[f"k{i}"] = i
+    crash(cache)
+    segs = list_segments(str(d))
+    assert len(segs) > 4
+    return segs
+
+
+def test_a_damaged_header_of_a_later_segment_loses_nothing(tmp_path, caplog, capsys):
+    """Only the 8-byte header of a segment above the checkpoint is damaged:
+    its first record follows the previous segment's last with no LSN in
+    between, so the damage hides no record. The open steps over it and says
+    why; check calls it harmless; nothing is salvaged away."""
+    d = tmp_path / "c"
+    segs = write_segments(d)
+    data = bytearray(Path(segs[2]).read_bytes())
+    data[0:8] = b"NOTALOG!"
+    Path(segs[2]).write_bytes(bytes(data))
+    first = int(os.path.basename(segs[2])[len("replay-"):-len(".log")])
+    rc, out = check_out(d, capsys)
+    assert rc == 0, out
+    assert any(f"it holds no record: LSN {first} follows {first - 1}" in line
+               for line in out), out
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+        with Cache(d, **NEVER) as cache:
+            assert dict(cache.items()) == {f"k{i}": i for i in range(300)}
+            assert cache.stats().salvaged_bytes == 0
+    assert f"it holds no record: LSN {first} follows {first - 1}" in caplog.text
+    assert not any(n.endswith(".damaged") for n in os.listdir(d))
+    assert contents(d) == {f"k{i}": i for i in range(300)}
+
+
+def test_garbage_between_two_intact_records_hides_no_record(tmp_path, caplog):
+    """Bytes that are no record, between two records whose LSNs follow each
+    other, are stepped over in any segment, the last one included (an
+    intact record behind them: not a torn tail)."""
+    d = tmp_path / "c"
+    segs = write_segments(d)
+    for seg in (segs[1], segs[-1]):
+        offsets = record_offsets(seg)
+        at = offsets[len(offsets) // 2][0]
+        data = Path(seg).read_bytes()
+        Path(seg).write_bytes(data[:at] + bytes(range(7, 107)) + data[at:])
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+        assert contents(d) == {f"k{i}": i for i in range(300)}
+    assert caplog.text.count("it holds no record") == 2
+
+
+def test_stepping_over_damage_never_drops_a_record(tmp_path):
+    """For every flipped byte of a segment in the middle of the log (no
+    checkpoint), the scan either stops at the damage or, when it steps over
+    it, still returns every record of the segment, unchanged."""
+    from durablekv.replaylog import _first_lsn_of, scan_segment
+    segs = write_segments(tmp_path / "c")
+    data = Path(segs[2]).read_bytes()
+    first = _first_lsn_of(segs[2])
+    whole = scan_segment(data, 0, segs[3], first)
+    assert whole.damage is None and not whole.stepped_over
+    stepped = 0
+    for i in range(len(data)):
+        b = bytearray(data)
+        b[i] ^= 0x5A
+        scan = scan_segment(bytes(b), 0, segs[3], first)
+        if scan.damage is None:
+            assert scan.records == whole.records, i
+            stepped += 1
+    assert stepped == len(MAGIC)  # the header's bytes, and no others
