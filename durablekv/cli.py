@@ -526,10 +526,13 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
         raise ConfigError(f"{directory!r} is a file, not a cache directory")
     from .replaylog import list_segments
     from .store import STORE_FILE
-    if not os.path.exists(os.path.join(directory, STORE_FILE)) and not list_segments(directory):
-        # opening would make a new, empty cache here
-        raise ConfigError(f"{directory!r} is not a durablekv cache directory (no {STORE_FILE}, "
-                          "no replay log); salvage repairs an existing cache")
+    store = os.path.join(directory, STORE_FILE)
+    if not list_segments(directory) and not (os.path.exists(store) and os.path.getsize(store)):
+        # Opening would make a new, empty cache here (an empty file is what
+        # SQLite leaves when it is asked to open a path that was not there).
+        what = "is empty" if os.path.exists(store) else "is missing"
+        raise ConfigError(f"{directory!r} is not a durablekv cache directory ({STORE_FILE} "
+                          f"{what}, no replay log); salvage repairs an existing cache")
 
     def aside() -> set[str]:
         return {n for n in os.listdir(directory) if n.endswith(".damaged")}

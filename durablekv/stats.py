@@ -84,8 +84,12 @@ class CacheStats:
     :ivar store_hits: hits that needed a page fault (SQLite, or a page still
         queued for write-behind).
     :ivar misses: gets that found nothing (or only an expired entry).
-    :ivar sets: set calls acknowledged.
-    :ivar deletes: delete calls that removed an entry.
+    :ivar sets: writes of a value acknowledged: ``set`` (with ``expire=0``
+        too, although it stores nothing), ``add`` when it stored, ``incr``,
+        ``decr``, and ``touch`` when it gave an entry a new TTL (logged as a
+        set of the same value).
+    :ivar deletes: entries removed by ``delete``, ``pop``, ``popitem`` and
+        ``touch(key, 0)``.
     :ivar evictions: pages evicted from the memory tier.
     :ivar page_faults: pages made resident again (from SQLite or the queue).
     :ivar expirations: entries dropped because their TTL had passed.

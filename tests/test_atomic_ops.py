@@ -290,3 +290,23 @@ def test_a_bad_key_is_a_type_error_even_when_a_lookup_would_not_tell(tmp_path):
                 with pytest.raises(TypeError, match="cannot store key of type"):
                     call()
         assert len(c) == 0
+
+
+def test_stats_count_each_write_as_documented(tmp_path):
+    """stats().sets counts every acknowledged write of a value (set, add that
+    stored, incr, decr, touch); deletes counts entries removed, touch(key, 0)
+    included. An add that stored nothing and a touch of a missing key count
+    nowhere."""
+    with opened(tmp_path / "c") as c:
+        c["a"] = 1
+        assert c.add("b", 2) and not c.add("b", 3)
+        c.incr("n")
+        c.decr("n")
+        assert c.touch("a", 60) and not c.touch("missing", 60)
+        st = c.stats()
+        assert (st.sets, st.deletes) == (5, 0)
+        assert c.touch("a", 0)
+        assert c.pop("b") == 2
+        assert c.delete("n") and not c.delete("n")
+        st = c.stats()
+        assert (st.sets, st.deletes) == (5, 3)

@@ -609,6 +609,11 @@ def test_cli_salvage_of_a_missing_or_open_directory_fails_cleanly(tmp_path, caps
     assert main(["salvage", str(tmp_path / "proj")]) == 2
     assert "is not a durablekv cache directory" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "proj").iterdir()] == ["notes.txt"]
+    (tmp_path / "proj" / "pages.sqlite3").write_bytes(b"")  # all SQLite leaves for a bad path
+    assert main(["salvage", str(tmp_path / "proj")]) == 2
+    assert "pages.sqlite3 is empty, no replay log" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "proj").iterdir()) == ["notes.txt", "pages.sqlite3"]
+    assert (tmp_path / "proj" / "pages.sqlite3").stat().st_size == 0
     with Cache(tmp_path / "c"):
         assert main(["salvage", str(tmp_path / "c")]) == 1
         err = capsys.readouterr().err
