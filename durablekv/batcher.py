@@ -35,8 +35,8 @@ The batcher knows its collaborators only by these protocols:
   ``source.flush_failed(snapshot, indices=None)``.
 * ``source.background_work()``: run in this thread before each cycle, for
   work that must not race with commits (the key filter's store scan).
-* ``store.write_batch(images, checkpoint_lsn, key_count, ttl_key_count, clear)
-  -> added`` and ``store.checkpoint_lsn``.
+* ``store.write_batch(images, checkpoint_lsn, key_count, ttl_key_count, clear,
+  held_pages=...) -> added`` and ``store.checkpoint_lsn``.
 * ``log.sync()`` and ``log.truncate_through(lsn)`` (``log`` may be None).
 
 Errors: a failed cycle is counted, remembered and retried with exponential
@@ -63,7 +63,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from .errors import FlushTimeoutError, WriteBehindError
+from .errors import FlushTimeoutError, HeldKeyError, WriteBehindError
 from .stats import FLUSH_PAGES_BUCKETS, FLUSH_SECONDS_BUCKETS, Histogram
 
 __all__ = ["WriteBehindBatcher", "Batch"]
@@ -81,6 +81,8 @@ class Batch:
 
     ``rewritten``: how many of ``images`` had been stored before (the
     duty cycle waits in proportion to them; see the module docstring).
+    ``held_pages``: ids of the snapshot's pages this commit leaves out (a
+    failing page is being isolated); see ``Store.write_batch``.
     """
 
     images: Sequence[Any]
@@ -89,6 +91,7 @@ class Batch:
     ttl_key_count: int
     clear: bool = False
     rewritten: int = 0
+    held_pages: frozenset = frozenset()
 
 
 class _Snapshot(Protocol):
@@ -286,7 +289,9 @@ class WriteBehindBatcher:
             failed = self._isolate(snap, list(range(snap.size)), set(range(snap.size)))
             if failed:
                 self._source.flush_failed(snap, [i for i, _ in failed])
-                first = failed[0][1]
+                # the cause, not a page that only waits for the failing one
+                first = next((e for _, e in failed if not isinstance(e, HeldKeyError)),
+                             failed[0][1])
                 pages = [snap.items[i][0].page_id for i, _ in failed]
                 raise WriteBehindError(
                     self._path, first,
@@ -301,7 +306,8 @@ class WriteBehindBatcher:
         if batch.images or batch.clear or batch.checkpoint_lsn > self._store.checkpoint_lsn:
             t0 = _REAL[1]()
             added = self._store.write_batch(batch.images, batch.checkpoint_lsn, batch.key_count,
-                                            batch.ttl_key_count, batch.clear)
+                                            batch.ttl_key_count, batch.clear,
+                                            held_pages=batch.held_pages)
             dt = _REAL[1]() - t0
             self.flush_seconds.observe(dt)
             self.flush_pages.observe(len(batch.images))

@@ -254,7 +254,8 @@ class _Snapshot:
             lsn = self.items[j][9]
             if lsn is not None:
                 checkpoint = min(checkpoint, lsn - 1)
-        return Batch(images, checkpoint, count, ttl, clear, rewritten)
+        held = frozenset(self.items[j][0].page_id for j in uncommitted)
+        return Batch(images, checkpoint, count, ttl, clear, rewritten, held)
 
 
 class Cache(MutableMapping):

@@ -12,7 +12,8 @@ and a closed cache alike)::
      ├── ConfigError             (ValueError) bad or conflicting settings
      ├── StoreError              problems with pages.sqlite3
      │    ├── CorruptStoreError  the file is not a readable durablekv store
-     │    └── SchemaVersionError the file was written by a newer durablekv
+     │    ├── SchemaVersionError the file was written by a newer durablekv
+     │    └── HeldKeyError       a page waits for a failing page (flush cause)
      ├── LogError                problems with the replay log
      │    ├── LogCorruptionError a damaged record before the log's tail
      │    └── LogWriteError      (OSError) an append or fsync failed
@@ -38,6 +39,7 @@ __all__ = [
     "StoreError",
     "CorruptStoreError",
     "SchemaVersionError",
+    "HeldKeyError",
     "LogError",
     "LogCorruptionError",
     "LogWriteError",
@@ -119,6 +121,17 @@ class StoreError(DurableKVError):
     def __init__(self, message: str, path: str | None = None) -> None:
         self.path = path
         super().__init__(message)
+
+
+class HeldKeyError(StoreError):
+    """A write-behind commit left out a page that must go with it.
+
+    Raised inside the write-behind while it isolates a page that fails to
+    store: a key moved from that page to another, and the other page cannot
+    be stored alone (the failing page's stored image still holds the key).
+    Both pages stay in memory and are retried; callers see it only as the
+    cause inside a :class:`WriteBehindError`.
+    """
 
 
 class CorruptStoreError(StoreError):

@@ -57,9 +57,10 @@ import struct
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
+from typing import AbstractSet as Set
 from typing import Any, Iterator, Sequence
 
-from .errors import ConfigError, CorruptStoreError, SchemaVersionError, StoreError
+from .errors import ConfigError, CorruptStoreError, HeldKeyError, SchemaVersionError, StoreError
 
 log = logging.getLogger("durablekv.store")
 
@@ -597,7 +598,8 @@ class SQLitePageStore:
     # -- writes (batcher thread) -------------------------------------------------------
 
     def write_batch(self, images: Sequence[PageImage], checkpoint_lsn: int, key_count: int,
-                    ttl_key_count: int, clear: bool = False) -> list[bytes]:
+                    ttl_key_count: int, clear: bool = False, *,
+                    held_pages: Set[int] = frozenset()) -> list[bytes]:
         """Write pages, index changes and the checkpoint LSN in ONE transaction.
 
         Index rows are written as changes only: a page never stored before
@@ -607,10 +609,17 @@ class SQLitePageStore:
         many per statement (see :meth:`_insert_many`).
 
         :param clear: delete every page and index row first (``Cache.clear()``).
+        :param held_pages: ids of dirty pages left out of this commit (the
+            write-behind is isolating a page that fails). A key that moved
+            from one of them to a page written here would be held by both
+            stored pages, the old one's image being stale, and after a crash
+            that stale copy could be served. Such a commit is refused with
+            :class:`HeldKeyError`: the page waits for the held one.
         :returns: the canonical keys of the index rows this commit added (a
             key the page did not hold when last stored); the cache adds them
             to its key filter (see :mod:`durablekv.keyfilter`).
         :raises StoreError: the transaction failed and was rolled back.
+        :raises HeldKeyError: see ``held_pages``.
         """
         conn = self._w
         with _translate(self.path, "flush"):
@@ -640,6 +649,8 @@ class SQLitePageStore:
                     else:
                         upserts += [(k, pid, e, o) for k, e, o in rows]
                         added += map(_first, rows)
+                if held_pages and added:
+                    self._refuse_held_keys(conn, added, held_pages)
                 if emptied:
                     conn.executemany("DELETE FROM keys WHERE page_id = ?", emptied)
                     conn.executemany("DELETE FROM pages WHERE page_id = ?", emptied)
@@ -667,6 +678,19 @@ class SQLitePageStore:
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
         return added
+
+    def _refuse_held_keys(self, conn: sqlite3.Connection, added: list[bytes],
+                          held_pages: Set[int]) -> None:
+        """Raise :class:`HeldKeyError` if a key new to a page written now has
+        its committed index row on a held page (see :meth:`write_batch`)."""
+        for part in _batches(added):
+            for key, pid in conn.execute(
+                    f"SELECT key, page_id FROM keys WHERE key IN ({_marks(len(part))})", part):
+                if pid in held_pages:
+                    raise HeldKeyError(
+                        f"a page written with key {key!r} cannot be stored before page {pid}, "
+                        "which still holds that key in the store and is not being stored "
+                        "now; it is stored together with that page", self.path)
 
     @staticmethod
     def _index_changes(conn: sqlite3.Connection, pid: int,

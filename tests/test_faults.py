@@ -479,6 +479,50 @@ def test_br017_poison_page_is_isolated_and_the_rest_is_written(tmp_path, monkeyp
     assert contents(d) == {"good1": 1, "bad": 2, "good2": 3, "later": 4}
 
 
+@pytest.mark.parametrize("first", ["bad", "k"])
+def test_br017_a_key_moved_off_the_poison_page_waits_for_it(tmp_path, first):
+    """k moves from the poison page (deleted there) to a new page. Storing the
+    new page alone would leave k on two stored pages, the poison page's copy
+    stale, and after a crash that copy came back ("old"), or the page fault
+    called the store damaged. The new page now waits for the poison page;
+    after a crash every acknowledged write reads back, in either order."""
+    d = tmp_path / "c"
+    cache = Cache(d, page_size=2, max_pages=100, flush_interval=0.01)
+    cache["bad"] = "x"
+    cache["k"] = "old"
+    cache.flush()
+    real = cache._store.write_batch
+
+    def write_batch(images, *args, **kwargs):
+        if any(b"bad" in img.data for img in images):
+            raise sqlite3.OperationalError("poison: cannot store this row")
+        return real(images, *args, **kwargs)
+
+    cache._store.write_batch = write_batch
+    cache["z"] = "zz"
+    del cache["k"]
+    cache["k"] = "new"   # on the page z opened
+    with pytest.raises(FlushTimeoutError) as exc:
+        cache.flush(timeout=1.0)
+    assert "poison" in str(exc.value)       # the cause, not the page that waits
+    assert cache.stats().dirty_pages == 2
+    conn = sqlite3.connect(f"file:{d / 'pages.sqlite3'}?mode=ro", uri=True)
+    assert conn.execute("SELECT count(*) FROM keys WHERE key = ?",
+                        (b"s" + (1).to_bytes(4, "little") + b"k",)).fetchone() == (1,)
+    conn.close()
+    cache._teardown(clean=False)            # a crash
+    with Cache(d, page_size=2, max_pages=1, flush_interval=0.01) as cache:
+        cache.flush()
+        for i in range(6):                  # k's page leaves memory
+            cache[f"fill{i}"] = i
+        cache.flush()
+        want = {"bad": "x", "k": "new"}
+        for key in (first, *(k for k in want if k != first)):
+            assert cache.get(key) == want[key], key
+        assert sorted(cache) == sorted(["bad", "z", "k"] + [f"fill{i}" for i in range(6)])
+    assert check_directory(str(d)).ok
+
+
 def test_br017_unserializable_value_is_refused_in_the_callers_thread(tmp_path):
     with Cache(tmp_path / "c") as cache:
         with pytest.raises(TypeError) as exc:
