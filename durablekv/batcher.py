@@ -83,6 +83,7 @@ class Batch:
     duty cycle waits in proportion to them; see the module docstring).
     ``held_pages``: ids of the snapshot's pages this commit leaves out (a
     failing page is being isolated); see ``Store.write_batch``.
+    ``ttl_clock``: ``(offset, now)`` of the source's TTL clock, or None.
     """
 
     images: Sequence[Any]
@@ -92,6 +93,7 @@ class Batch:
     clear: bool = False
     rewritten: int = 0
     held_pages: frozenset = frozenset()
+    ttl_clock: tuple[float, float] | None = None
 
 
 class _Snapshot(Protocol):
@@ -303,11 +305,13 @@ class WriteBehindBatcher:
         """Write ``indices`` of ``snap`` (all when None) in one transaction."""
         batch = snap.build(indices, uncommitted)
         added: list = []
-        if batch.images or batch.clear or batch.checkpoint_lsn > self._store.checkpoint_lsn:
+        if batch.images or batch.clear or batch.checkpoint_lsn > self._store.checkpoint_lsn or \
+                (batch.ttl_clock is not None and batch.ttl_clock != self._store.ttl_clock):
             t0 = _REAL[1]()
             added = self._store.write_batch(batch.images, batch.checkpoint_lsn, batch.key_count,
                                             batch.ttl_key_count, batch.clear,
-                                            held_pages=batch.held_pages)
+                                            held_pages=batch.held_pages,
+                                            ttl_clock=batch.ttl_clock)
             dt = _REAL[1]() - t0
             self.flush_seconds.observe(dt)
             self.flush_pages.observe(len(batch.images))

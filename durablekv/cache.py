@@ -152,11 +152,12 @@ class _Snapshot:
     stop short of the first change still uncommitted.
     """
 
-    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "built")
+    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "built", "ttl_clock")
 
     def __init__(self, cache: "Cache", items: list, checkpoint_lsn: int, clear: bool,
-                 clear_lsn: int) -> None:
+                 clear_lsn: int, ttl_clock: tuple[float, float]) -> None:
         self.cache = cache
+        self.ttl_clock = ttl_clock
         self.items = items
         self.checkpoint_lsn = checkpoint_lsn
         self.clear = clear
@@ -255,7 +256,7 @@ class _Snapshot:
             if lsn is not None:
                 checkpoint = min(checkpoint, lsn - 1)
         held = frozenset(self.items[j][0].page_id for j in uncommitted)
-        return Batch(images, checkpoint, count, ttl, clear, rewritten, held)
+        return Batch(images, checkpoint, count, ttl, clear, rewritten, held, self.ttl_clock)
 
 
 class Cache(MutableMapping):
@@ -340,6 +341,7 @@ class Cache(MutableMapping):
         self._clock = clock
         self._clock_offset = 0.0
         self._last_now = -math.inf
+        self._ttl_clock = (0.0, -math.inf)  # (offset, TTL time) for the store: see _now
         if os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"cache directory {path!r} is a file, not a directory; "
                               "name a directory (it is created if missing)")
@@ -391,6 +393,9 @@ class Cache(MutableMapping):
         store = self._store
         self.page_size = store.page_size
         self.max_pages = max_pages
+        # TTL time carries on from where the last open left it (see _now)
+        self._ttl_clock = store.ttl_clock
+        self._clock_offset, self._last_now = store.ttl_clock
         self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
         self._cond = threading.Condition(self._lock)  # back-pressure waits
         self._tier = MemoryTier(store.page_size, max_pages)
@@ -660,14 +665,22 @@ class Cache(MutableMapping):
     # -- helpers -----------------------------------------------------------------------
 
     def _now(self) -> float:
-        """TTL clock, epoch seconds, never going backwards (lock held)."""
+        """TTL clock, epoch seconds, never going backwards (lock held).
+
+        When the wall clock steps back, TTL time does not: an offset is added
+        to the wall clock from then on, so that no entry outlives its TTL (it
+        only ever expires early, never late). The offset and the TTL time
+        reached go to the store with the next flush (which a step back asks
+        for at once), and an open starts from them (a wall clock still or
+        again behind is stepped over the same way)."""
         raw = self._clock() if self._clock is not None else time.time()
         now = raw + self._clock_offset
         if now < self._last_now:
-            # The wall clock stepped back: keep TTL time monotonic so that no
-            # entry outlives its TTL (it only ever expires early, never late).
             self._clock_offset += self._last_now - now
             now = self._last_now
+            self._ttl_clock = (self._clock_offset, now)
+            if self._batcher is not None:
+                self._batcher.kick()
         self._last_now = now
         return now
 
@@ -1593,7 +1606,8 @@ class Cache(MutableMapping):
         with self._lock:
             tier = self._tier
             if not tier.dirty and not self._clear_pending and \
-                    self._last_lsn <= self._store.checkpoint_lsn:
+                    self._last_lsn <= self._store.checkpoint_lsn and \
+                    self._ttl_clock == self._store.ttl_clock:
                 return None
             # A commit follows (see Store.pause_snapshot). First, so that a
             # failure here leaves no page marked as in flight.
@@ -1602,7 +1616,8 @@ class Cache(MutableMapping):
                       list(p.keys), list(p.values), list(p.expires), p.stored_n, p.stored_ttl_n,
                       tier.start_flush(p))
                      for p in tier.dirty.values()]
-            return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn)
+            return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn,
+                             self._ttl_clock)
 
     def flush_done(self, snap: _Snapshot, indices: list[int] | None,
                    added: list[bytes]) -> None:

@@ -12,7 +12,10 @@ Tables:
 * ``keys(key, page_id, expire_at, orig)``: the key index, canonical key bytes
   (see :func:`durablekv.codec.canonical_key`) to the page holding the entry.
 * ``meta(name, value)``: ``page_size`` and ``serializer`` (fixed at creation),
-  ``checkpoint_lsn``, ``key_count`` and ``ttl_key_count`` (set by every flush).
+  ``checkpoint_lsn``, ``key_count`` and ``ttl_key_count`` (set by every flush),
+  and, once the TTL clock has had to step over a wall clock that went back,
+  ``ttl_clock_offset`` (seconds added to the wall clock) and ``ttl_clock_now``
+  (the latest TTL time then), so that TTL time stays monotonic across opens.
 
 Page blob format, version 2 (little-endian, columnar, so that a page fault
 reads every header with one ``struct`` call and every key with one decode)::
@@ -50,6 +53,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import operator
 import os
 import sqlite3
@@ -416,7 +420,9 @@ class SQLitePageStore:
                     "SELECT (SELECT value FROM meta WHERE name='checkpoint_lsn'),"
                     " (SELECT value FROM meta WHERE name='key_count'),"
                     " (SELECT value FROM meta WHERE name='ttl_key_count'),"
-                    " (SELECT MAX(page_id) FROM pages)").fetchone()
+                    " (SELECT MAX(page_id) FROM pages),"
+                    " (SELECT value FROM meta WHERE name='ttl_clock_offset'),"
+                    " (SELECT value FROM meta WHERE name='ttl_clock_now')").fetchone()
         except BaseException:
             self.close()
             raise
@@ -424,6 +430,11 @@ class SQLitePageStore:
         self.key_count: int = int(row[1])
         self.ttl_key_count: int = int(row[2])
         self.max_page_id: int = int(row[3] or 0)
+        #: ``(offset, now)`` of the TTL clock as last committed (see
+        #: ``Cache._now``); ``(0.0, -inf)`` when it never had to step over a
+        #: clock that went back.
+        self.ttl_clock: tuple[float, float] = (
+            (0.0, -math.inf) if row[4] is None else (float(row[4]), float(row[5])))
 
     # -- opening -----------------------------------------------------------------
 
@@ -599,7 +610,8 @@ class SQLitePageStore:
 
     def write_batch(self, images: Sequence[PageImage], checkpoint_lsn: int, key_count: int,
                     ttl_key_count: int, clear: bool = False, *,
-                    held_pages: Set[int] = frozenset()) -> list[bytes]:
+                    held_pages: Set[int] = frozenset(),
+                    ttl_clock: tuple[float, float] | None = None) -> list[bytes]:
         """Write pages, index changes and the checkpoint LSN in ONE transaction.
 
         Index rows are written as changes only: a page never stored before
@@ -615,6 +627,8 @@ class SQLitePageStore:
             stored pages, the old one's image being stale, and after a crash
             that stale copy could be served. Such a commit is refused with
             :class:`HeldKeyError`: the page waits for the held one.
+        :param ttl_clock: ``(offset, now)`` of the cache's TTL clock, stored
+            when it differs from :attr:`ttl_clock` (see ``Cache._now``).
         :returns: the canonical keys of the index rows this commit added (a
             key the page did not hold when last stored); the cache adds them
             to its key filter (see :mod:`durablekv.keyfilter`).
@@ -669,6 +683,10 @@ class SQLitePageStore:
                 conn.executemany("UPDATE meta SET value = ? WHERE name = ?",
                                  [(checkpoint_lsn, "checkpoint_lsn"), (key_count, "key_count"),
                                   (ttl_key_count, "ttl_key_count")])
+                if ttl_clock is not None and ttl_clock != self.ttl_clock:
+                    conn.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
+                                     [("ttl_clock_offset", ttl_clock[0]),
+                                      ("ttl_clock_now", ttl_clock[1])])
                 self._commit(conn)
             except BaseException:
                 if conn.in_transaction:
@@ -677,6 +695,8 @@ class SQLitePageStore:
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
+        if ttl_clock is not None:
+            self.ttl_clock = ttl_clock
         return added
 
     def _refuse_held_keys(self, conn: sqlite3.Connection, added: list[bytes],

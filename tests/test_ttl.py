@@ -399,6 +399,51 @@ def test_br003_injected_clock_stepping_back(tmp_path):
         assert c.get("n") is None
 
 
+@pytest.mark.parametrize("how", ["close", "crash after the flush"])
+def test_br003_a_step_back_is_remembered_across_a_reopen(tmp_path, how):
+    """TTL time after a step back is the wall clock plus an offset. The offset
+    goes to the store with the next flush (a step back asks for one) and the
+    next open starts from it: an entry set after the step still lives exactly
+    its TTL, instead of until the wall clock reaches the shifted deadline
+    (110 s for a 10 s TTL here, before)."""
+    clock = Clock(1000)
+    d = tmp_path / "c"
+    c = open_cache(d, clock=clock)
+    c.set("a", 0, expire=5)
+    clock.now = 900                    # the wall clock steps back 100 s
+    c.set("k", "v", expire=10)         # TTL time 1000: gone at wall clock 910
+    clock.now = 905
+    if how == "close":
+        run_with_timeout(c.close)
+    else:
+        c.flush()
+        c._teardown(clean=False)
+    with opened(d, clock=clock) as c:
+        assert c.get("k") == "v"
+        clock.now = 909.9
+        assert c.get("k") == "v"
+        clock.now = 910
+        assert c.get("k") is None and "a" not in c
+        c.set("n", 1, expire=1)        # TTLs set now are measured from here
+        clock.now = 910.9
+        assert c.get("n") == 1
+    clock.now = 911                    # ... and still after another open
+    with opened(d, clock=clock) as c:
+        assert c.get("n") is None and len(c) == 0
+
+
+def test_a_clock_that_never_went_back_writes_no_ttl_clock(tmp_path):
+    clock = Clock(1000)
+    with opened(tmp_path / "c", clock=clock) as c:
+        c.set("a", 1, expire=5)
+        clock.now += 1
+        c.get("a")
+    conn = sqlite3.connect(tmp_path / "c" / "pages.sqlite3")
+    names = {r[0] for r in conn.execute("SELECT name FROM meta")}
+    conn.close()
+    assert not names & {"ttl_clock_offset", "ttl_clock_now"}
+
+
 def test_ttl_expiry_of_many_spilled_pages_keeps_len_exact(tmp_path):
     clock = Clock(0)
     with opened(tmp_path / "c", clock=clock, page_size=1, max_pages=2) as c:
