@@ -383,6 +383,7 @@ class ReplayLog:
         self._lock = threading.Lock()       # guards _fd/_path swap, _sealed, byte counts
         self._sync_lock = threading.Lock()  # one fsync at a time (group commit)
         self._sealed_bytes = 0
+        self._dir_unsynced = False  # a segment was created since the last directory fsync
 
     # -- seams for fault injection ---------------------------------------------------
 
@@ -588,6 +589,10 @@ class ReplayLog:
             if self.durability == "fsync":
                 self._fsync(fd)
                 _fsync_dir(self.directory)
+            else:
+                # the next sync() makes the new name durable with the records:
+                # a power loss must not keep a later segment and lose this one
+                self._dir_unsynced = True
         except BaseException:
             os.close(fd)
             os.unlink(path)
@@ -676,7 +681,11 @@ class ReplayLog:
                 path = self._path
             try:
                 self._fsync(fd)
+                if self._dir_unsynced:
+                    self._dir_unsynced = False
+                    _fsync_dir(self.directory)
             except OSError as exc:
+                self._dir_unsynced = True
                 raise LogWriteError(path, exc) from exc
             finally:
                 os.close(fd)

@@ -47,7 +47,11 @@ class PowerLossLog:
     def power_loss(self, cache: Cache) -> None:
         """The machine dies: unsynced log bytes vanish, the process with them."""
         cache._teardown(clean=False)
-        for seg in list_segments(cache.path):
+        self.power_loss_files(cache.path)
+
+    def power_loss_files(self, directory: str) -> None:
+        """Unsynced log bytes in ``directory`` vanish."""
+        for seg in list_segments(directory):
             keep = self.synced.get(os.path.realpath(seg), 0)
             with open(seg, "r+b") as f:
                 f.truncate(keep)
@@ -136,6 +140,42 @@ def test_power_loss_after_a_recovery_that_did_not_flush(tmp_path, monkeypatch, m
     cache._log.sync()
     pl.power_loss(cache)
     assert contents(d) == {**{f"a{i}": i for i in range(100)}, "b": 1}
+    assert check_directory(str(d)).ok
+
+
+def test_power_loss_log_mode_keeps_segments_created_since_the_last_fsync(tmp_path,
+                                                                       monkeypatch):
+    """A new segment's name is durable only once the directory is fsynced. In
+    ``log`` mode the roll to a new segment leaves that to the interval's
+    fsync, which must do it: here a power loss also drops every segment
+    created since the last directory fsync, and the writes before the last
+    log fsync must all survive, with no LSN gap."""
+    import durablekv.replaylog as replaylog
+
+    pl = PowerLossLog(monkeypatch)
+    named: set[str] = set()
+    real_fsync_dir = replaylog._fsync_dir
+
+    def fsync_dir(directory: str) -> None:
+        real_fsync_dir(directory)
+        named.update(os.path.join(directory, n) for n in os.listdir(directory))
+
+    monkeypatch.setattr(replaylog, "_fsync_dir", fsync_dir)
+    d = tmp_path / "c"
+    cache = Cache(d, durability="log", segment_bytes=2048, max_pages=1000, **NEVER)
+    for i in range(200):
+        cache[f"a{i}"] = i
+    cache._log.sync()   # the interval's fsync
+    assert len(list_segments(str(d))) > 3
+    for i in range(20):
+        cache[f"b{i}"] = i
+    cache._teardown(clean=False)
+    for seg in list_segments(str(d)):
+        if seg not in named:
+            os.unlink(seg)   # its directory entry never reached the disk
+    pl.power_loss_files(str(d))
+    got = contents(d)
+    assert all(got.get(f"a{i}") == i for i in range(200)), "synced writes were lost"
     assert check_directory(str(d)).ok
 
 
