@@ -145,6 +145,8 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
                 cache.delete(key)
             if not requests & 0x3FFF:
                 bar.update(0x4000)
+                if _terminating[0]:
+                    raise _Terminated()
         elapsed = time.perf_counter() - t_start
         bar.update(requests & 0x3FFF)
         bar.close()
@@ -589,7 +591,14 @@ def _for_cli(exc: BaseException) -> str:
     return msg
 
 
+#: Set by SIGTERM. The handler's exception can be lost when the signal
+#: lands while Python runs code whose errors it only reports (a ``__del__``,
+#: a weakref or gc callback); the replay loop checks this flag as well.
+_terminating = [False]
+
+
 def _terminate(signum: int, frame: Any) -> None:
+    _terminating[0] = True
     raise _Terminated()
 
 
@@ -631,6 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        _terminating[0] = False
 
 
 if __name__ == "__main__":  # pragma: no cover
