@@ -430,7 +430,15 @@ class Cache(MutableMapping):
                                            sync_log=self.durability == "log",
                                            name=self.name, path=self.path)
         t0 = _REAL_MONOTONIC[0]()
-        result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
+        # (a store rebuilt empty cannot continue the log: the records before
+        # it went with the damaged store, as on_corruption="rebuild" says)
+        result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log,
+                                   check_start=not self.store_rebuilds)
+        if self.store_rebuilds and result.records and \
+                result.records[0][0] > store.checkpoint_lsn + 1:
+            # The new store continues the log from here, so that a crash
+            # before its first flush does not read as a gap at the next open.
+            store.write_batch([], result.records[0][0] - 1, 0, 0)
         self.torn_records = result.torn_records
         self.salvaged_bytes = result.salvaged_bytes
         self._state = _OPEN

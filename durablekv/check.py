@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .cache import LOCK_FILE, lock_owner_pid
 from .codec import canonical_key, decode_key
-from .replaylog import _first_lsn_of, list_segments, scan_segment
+from .replaylog import _first_lsn_of, list_segments, scan_segment, start_gap_detail
 from .store import STORE_FILE, decode_page, migration_files, read_only_uri
 
 __all__ = ["check_directory", "CheckResult"]
@@ -238,6 +238,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
     pending = 0
     salvageable = None  # records after the checkpoint before the first refused damage
     after_damaged_end = False  # the previous segment's damaged end was stepped over
+    first_record = True        # the log's first record is still to come
     for i, path in enumerate(segments):
         last = i == len(segments) - 1
         with open(path, "rb") as f:
@@ -250,6 +251,12 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
             resumed.add(0)
         for j, rec in enumerate(scan.records):
             lsn = rec[0]
+            if expect is None and first_record and lsn > checkpoint + 1:
+                r.bad(f"{path}: {start_gap_detail(checkpoint, lsn)}; "
+                      f"{_salvage_advice(directory)}")
+                if salvageable is None:
+                    salvageable = pending
+            first_record = False
             if expect is not None and lsn != expect:
                 if expect < lsn <= checkpoint + 1:
                     if j not in resumed:

@@ -313,6 +313,15 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
         return SegmentScan(records, runs, stepped, damage, good_end, nxt is not None)
 
 
+def start_gap_detail(checkpoint: int, first: int) -> str:
+    """Why a log whose first record after the store's checkpoint is LSN
+    ``first`` (not ``checkpoint + 1``) cannot be replayed."""
+    return (f"the store's checkpoint is LSN {checkpoint} but the log continues at LSN {first}: "
+            f"records {checkpoint + 1} to {first - 1}, acknowledged but never stored, are "
+            "missing; pages.sqlite3 is older than the log (put back from a backup, or its "
+            "-wal file deleted) or was replaced")
+
+
 def _next_intact_record(data: bytes, start: int) -> int | None:
     """Offset of the first record at or after ``start`` whose CRC checks out."""
     hsize, psize = HEADER.size, PAYLOAD.size
@@ -395,7 +404,8 @@ class ReplayLog:
 
     # -- recovery ----------------------------------------------------------------------
 
-    def recover(self, after_lsn: int, *, salvage: bool = False) -> RecoveryResult:
+    def recover(self, after_lsn: int, *, salvage: bool = False,
+                check_start: bool = True) -> RecoveryResult:
         """Read every segment; return records with LSN > ``after_lsn``.
 
         Cuts a torn tail off the last segment (the file is truncated and
@@ -417,6 +427,13 @@ class ReplayLog:
         returned, and the segment holding it and every later one are listed
         in ``salvaged`` (and ``salvaged_bytes``) but left in place and not
         sealed. The caller stores the records, then calls :meth:`set_aside`.
+
+        The log must continue the store: the first record after
+        ``after_lsn`` must be ``after_lsn + 1``. A later one means records
+        the store never got are missing, as when ``pages.sqlite3`` is older
+        than the log (put back from a backup, or its ``-wal`` file deleted):
+        an LSN gap like any other. ``check_start=False`` skips this for a
+        store just rebuilt empty, which cannot continue the log.
 
         :raises LogCorruptionError: a damaged record before the tail, or an
             LSN gap (and ``salvage`` is False).
@@ -474,7 +491,9 @@ class ReplayLog:
                 salvaged = segments[i:]
                 lost = (damage.offset, damage.detail)
             first = records[0][0] if records else None
-            if records and (expect is None or first == expect) and \
+            # (the log's first record: at or below the store's next LSN)
+            if records and (first == expect if expect is not None else
+                            first <= after_lsn + 1 or not check_start) and \
                     list(map(_LSN_OF, records)) == list(range(first, first + len(records))):
                 # The usual case, checked in C: this segment continues the
                 # previous one and its LSNs step by one.
@@ -483,10 +502,14 @@ class ReplayLog:
             else:
                 for j, r in enumerate(records):
                     lsn = r[0]
+                    detail = None
                     if expect is not None and lsn != expect and not (
                             lsn > expect and lsn <= after_lsn + 1):
-                        offset = _record_offset(records, runs, j)
                         detail = f"LSN {lsn} follows {expect - 1}: a segment is missing or out of order"
+                    elif expect is None and check_start and lsn > after_lsn + 1:
+                        detail = start_gap_detail(after_lsn, lsn)
+                    if detail is not None:
+                        offset = _record_offset(records, runs, j)
                         if not salvage:
                             raise LogCorruptionError(path, offset, detail)
                         # The records from the gap on cannot be applied:

@@ -700,3 +700,65 @@ def test_stepping_over_damage_never_drops_a_record(tmp_path):
             assert scan.records == whole.records, i
             stepped += 1
     assert stepped == len(MAGIC)  # the header's bytes, and no others
+
+
+@pytest.mark.parametrize("how", ["older store put back", "store deleted", "wal deleted"])
+def test_a_store_older_than_the_log_is_a_gap_not_a_silent_loss(tmp_path, capsys, how):
+    """The log must continue the store's checkpoint. When pages.sqlite3 is
+    older than the log (a backup put back, its -wal deleted, or the file
+    deleted), the records between are missing: the open refused nothing and
+    served the older values, and check said healthy. Now it is an LSN gap:
+    LogCorruptionError, check reports DAMAGE, and salvage keeps the store as
+    it is and moves the log aside."""
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        for i in range(100):
+            cache[f"a{i}"] = "old"
+    shutil.copy(d / "pages.sqlite3", tmp_path / "backup")
+    cache = Cache(d, segment_bytes=2048, max_pages=1000, **NEVER)
+    for i in range(100):
+        cache[f"a{i}"] = "new"
+    cache.flush()                       # checkpointed: the log's first segments go
+    for i in range(100):
+        cache[f"b{i}"] = i
+    if how == "wal deleted":
+        # the main file alone, as a killed process leaves it: the flush is
+        # in the -wal (a clean close would copy it into the main file)
+        shutil.copy(d / "pages.sqlite3", tmp_path / "backup")
+    crash(cache)
+    for name in ("pages.sqlite3", "pages.sqlite3-wal", "pages.sqlite3-shm"):
+        (d / name).unlink(missing_ok=True)
+    if how != "store deleted":
+        shutil.copy(tmp_path / "backup", d / "pages.sqlite3")
+    with pytest.raises(LogCorruptionError) as exc:
+        Cache(d)
+    assert "older than the log" in str(exc.value)
+    rc, out = check_out(d, capsys)
+    assert rc == 1 and any("older than the log" in line for line in out), out
+    assert main(["salvage", str(d)]) == 0
+    capsys.readouterr()
+    assert check_directory(str(d)).ok
+    expected = {f"a{i}": "old" for i in range(100)} if how != "store deleted" else {}
+    assert contents(d) == expected
+
+
+def test_a_store_rebuilt_empty_continues_the_log(tmp_path):
+    """on_corruption='rebuild' starts an empty store, which cannot continue
+    the log's LSNs; the log is applied anyway, and the new store continues
+    it, so a crash before its first flush is no gap at the next open."""
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=2048, max_pages=1000, **NEVER)
+    for i in range(100):
+        cache[f"a{i}"] = i
+    cache.flush()
+    for i in range(50):
+        cache[f"b{i}"] = i
+    crash(cache)
+    with open(d / "pages.sqlite3", "r+b") as f:
+        f.write(b"\0" * 100)            # the SQLite header
+    cache = Cache(d, on_corruption="rebuild", **NEVER)
+    assert cache.store_rebuilds == 1
+    assert {f"b{i}" for i in range(50)} <= set(cache)
+    crash(cache)
+    with Cache(d) as cache:
+        assert {f"b{i}" for i in range(50)} <= set(cache)
