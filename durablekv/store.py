@@ -351,6 +351,13 @@ def _translate(path: str, what: str) -> Iterator[None]:
         raise StoreError(f"{what} on page store {path!r} failed: {msg}", path) from exc
 
 
+def _nonempty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
 def mark_damaged(path: str, detail: str) -> None:
     """Record that the store at ``path`` was found damaged (best effort)."""
     try:
@@ -392,7 +399,12 @@ class SQLitePageStore:
         # Reads may share one read transaction between commits (see
         # pause_snapshot); off until the cache's first flush protocol says so.
         self._snapshot_reads = False
-        existed = os.path.exists(self.path) and os.path.getsize(self.path) > 0
+        existed = os.path.exists(self.path)
+        if existed and os.path.getsize(self.path) == 0 and not _nonempty(self.path + "-wal"):
+            # A store is created whole, under another name, and renamed into
+            # place (_create): an empty one was truncated or replaced since.
+            raise CorruptStoreError(self.path, "the file is empty (0 bytes), which a durablekv "
+                                    "store never is: it was truncated or replaced")
         marker = self.path + ".damaged"
         if existed and os.path.exists(marker):
             with open(marker, encoding="utf-8", errors="replace") as f:
@@ -402,6 +414,8 @@ class SQLitePageStore:
             _check_header(self.path)
         try:
             with _translate(self.path, "open"):
+                if not existed:
+                    self._create(page_size, serializer)
                 self._w = self._connect(durability, busy_timeout)
                 getlimit = getattr(self._w, "getlimit", None)  # Python 3.11+
                 # bound parameters a statement may have (999 in SQLite < 3.32)
@@ -437,6 +451,40 @@ class SQLitePageStore:
             (0.0, -math.inf) if row[4] is None else (float(row[4]), float(row[5])))
 
     # -- opening -----------------------------------------------------------------
+
+    def _create(self, page_size: int | None, serializer: str) -> None:
+        """Make a new store whole under a temporary name, then rename it into
+        place, so that ``pages.sqlite3`` never exists half made: a process
+        killed here leaves no store (the next open starts again), and an
+        empty or headless file is damage, not a new store."""
+        tmp = self.path + ".new"
+        for stale in (tmp, tmp + "-journal"):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            self._w = conn  # rollback journal here; _connect switches to WAL
+            self._migrate()
+            self._settings(page_size, serializer)
+        finally:
+            self._w = None
+            conn.close()
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        try:  # the new name (some file systems cannot fsync a directory)
+            fd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def _connect(self, durability: str, busy_timeout: float) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,

@@ -60,6 +60,44 @@ def test_truncated_store_is_detected_at_open(tmp_path):
     assert "truncated" in str(exc.value)
 
 
+def test_an_empty_store_file_is_damage_not_a_new_cache(tmp_path, capsys):
+    """A store truncated to 0 bytes after a clean close (the log is gone, so
+    nothing else says data was there) opened as a new, empty cache, and the
+    next check said healthy. A store is created whole under another name
+    and renamed into place, so an empty file is damage."""
+    d = tmp_path / "c"
+    make_store(d)
+    os.truncate(d / STORE, 0)
+    with pytest.raises(CorruptStoreError) as exc:
+        Cache(d)
+    assert "empty (0 bytes)" in str(exc.value)
+    assert main(["check", str(d)]) == 1
+    capsys.readouterr()
+    with Cache(d, on_corruption="rebuild") as cache:
+        assert len(cache) == 0 and cache.store_rebuilds == 1
+
+
+def test_a_store_is_never_left_half_made(tmp_path, monkeypatch):
+    """A process killed while it creates the store leaves only the temporary
+    file, which the next open replaces; pages.sqlite3 appears only whole."""
+    d = tmp_path / "c"
+    real_replace = os.replace
+
+    def killed(src, dst):
+        raise KeyboardInterrupt  # the kill, just before the rename
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Cache(d)
+    assert not (d / STORE).exists() and (d / (STORE + ".new")).exists()
+    monkeypatch.setattr(os, "replace", real_replace)
+    with Cache(d, page_size=4) as cache:
+        cache["a"] = 1
+    assert sorted(os.listdir(d)) == ["LOCK", STORE]
+    with Cache(d) as cache:
+        assert cache["a"] == 1 and cache.page_size == 4
+
+
 def test_rebuild_still_applies_the_replay_log(tmp_path):
     d = tmp_path / "c"
     cache = Cache(d, flush_interval=3600, flush_batch_pages=10**6)
