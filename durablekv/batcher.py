@@ -166,12 +166,16 @@ class WriteBehindBatcher:
         """True while the latest cycle failed (cleared by the next success)."""
         return self._failing
 
-    def kick(self, urgent: bool = False) -> None:
+    def kick(self, urgent: bool = False, retry: bool = False) -> None:
         """Ask for a cycle (cheap when one is already asked for).
 
         A plain kick waits out the duty-cycle pause; ``urgent`` (back-pressure)
-        does not."""
-        if urgent:
+        does not. While the store is failing, cycles wait out the back-off;
+        ``retry`` asks for one attempt now (a caller that starts to wait:
+        :meth:`flush_until`, back-pressure), once per request."""
+        if retry:
+            self._retry_now = True
+        if urgent or retry:
             self._urgent = True
         elif self._cooling:
             return
@@ -198,6 +202,8 @@ class WriteBehindBatcher:
         deadline = None if timeout is None else monotonic() + timeout
         with self._cond:
             errors_at_start = self._errors
+            if self._durable_lsn < lsn:
+                self._retry_now = True  # one attempt at once; then the back-off
             while self._durable_lsn < lsn:
                 if self._stop or not self._thread.is_alive():
                     raise WriteBehindError(self._path, self._last_error,
@@ -219,18 +225,27 @@ class WriteBehindBatcher:
     def _run(self) -> None:
         backoff = 0.0
         monotonic = _REAL[0]
-        next_flush = last_sync = 0.0
+        next_flush = last_sync = retry_at = 0.0
         while True:
-            self._wake.wait(backoff or self._interval)
+            wait = self._interval
+            if backoff:
+                wait = min(wait, max(0.0, retry_at - monotonic()))
+            self._wake.wait(wait)
             self._wake.clear()
             with self._cond:
                 stopping = self._stop
             if stopping:
                 return
-            urgent, self._urgent = self._urgent, False
-            if not urgent and not backoff and monotonic() < next_flush:
-                # Duty-cycle pause: pages wait, the log is fsynced on time.
-                self._cooling = True
+            retrying = backoff and monotonic() < retry_at and not self._retry_now
+            if not retrying:
+                self._retry_now = False
+                urgent, self._urgent = self._urgent, False
+            if retrying or (not urgent and not backoff and monotonic() < next_flush):
+                # A pause: the duty cycle's, or a failing store's back-off,
+                # which a wake-up (a flush() or a writer waiting, a kick) does
+                # not cut short; its urgency waits for the retry. Pages wait;
+                # the log is still fsynced on time.
+                self._cooling = not retrying
                 # (A wake right after a cycle, which has just synced, skips it.)
                 if self._log is not None and self._sync_log and \
                         monotonic() - last_sync >= self._interval / 2:
@@ -255,6 +270,7 @@ class WriteBehindBatcher:
                     self._cycles += 1
                     self._cond.notify_all()
                 backoff = min(max(backoff * 2, self._interval, 0.01), self._max_backoff)
+                retry_at = monotonic() + backoff
                 log.warning("write-behind flush of %s failed (retrying in %.3f s): %r",
                             self._path, backoff, exc)
             else:

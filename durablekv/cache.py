@@ -828,6 +828,7 @@ class Cache(MutableMapping):
             return
         batcher = self._batcher
         errors = batcher.errors
+        batcher.kick(retry=True)  # one attempt at once, even during a back-off
         while tier.pending >= self.max_pending_pages:
             if batcher.errors > errors and batcher.failing:
                 raise WriteBehindError(self.path, batcher.last_error,

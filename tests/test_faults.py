@@ -563,6 +563,31 @@ def test_br017_a_key_moved_off_the_poison_page_waits_for_it(tmp_path, first):
     assert check_directory(str(d)).ok
 
 
+def test_a_waiting_flush_does_not_cut_the_back_off_short(tmp_path, monkeypatch):
+    """While the store keeps failing, a flush(timeout=...) waiter made the
+    batcher retry at once after every failure (about 300 to 1,000 attempts
+    and WARNING lines in 3 s in the trial), although the log said "retrying
+    in 1.000 s". Retries now keep to the back-off, which doubles from
+    flush_interval (0.05 s) to 1 s: about 6 attempts in 2 s (12 allowed;
+    a slow machine only makes fewer)."""
+    cache = Cache(tmp_path / "c", flush_interval=0.05)
+    attempts = []
+
+    def write_batch(*args, **kwargs):
+        attempts.append(1)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(cache._store, "write_batch", write_batch)
+    cache["a"] = 1
+    with pytest.raises(FlushTimeoutError):
+        cache.flush(timeout=2.0)
+    assert 1 <= len(attempts) <= 12, len(attempts)
+    monkeypatch.undo()
+    cache.flush(timeout=10)   # the store works again: the next retry lands
+    cache.close()
+    assert contents(tmp_path / "c") == {"a": 1}
+
+
 def test_br017_unserializable_value_is_refused_in_the_callers_thread(tmp_path):
     with Cache(tmp_path / "c") as cache:
         with pytest.raises(TypeError) as exc:
