@@ -306,7 +306,9 @@ class Cache(MutableMapping):
     stored them), except with ``durability="none"`` or ``salvage_log``,
     where they are flushed first.
 
-    Every public method is thread-safe.
+    Every public method is thread-safe. A Cache cannot be copied
+    (``copy.copy``, ``copy.deepcopy``) or pickled: it owns its directory, so
+    these raise ``TypeError``; share the object between threads instead.
     """
 
     def __init__(self, directory: str | os.PathLike, *, page_size: int | None = None,
@@ -1471,6 +1473,27 @@ class Cache(MutableMapping):
 
     def __enter__(self) -> "Cache":
         return self
+
+    # -- copying and pickling: refused ------------------------------------------------
+
+    def _refuse_copy(self, what: str) -> TypeError:
+        return TypeError(
+            f"a durablekv Cache cannot be {what}: it owns its directory {self.path!r} (the "
+            "LOCK file, the SQLite connections, the replay log and the write-behind thread), "
+            "and a copy would share them with no owner. Share the one Cache object instead "
+            "(it is thread-safe); in another process, open Cache(directory) there after this "
+            "process has closed it (one process owns a cache directory at a time); to copy "
+            "the data, copy the entries (dict(cache.items())) or, once the cache is "
+            "closed, the directory")
+
+    def __copy__(self) -> "Cache":
+        raise self._refuse_copy("copied (copy.copy)")
+
+    def __deepcopy__(self, memo: dict) -> "Cache":
+        raise self._refuse_copy("copied (copy.deepcopy)")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise self._refuse_copy("pickled")
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
