@@ -710,8 +710,31 @@ def test_public_surface_is_pinned():
     assert durablekv.__all__ == [
         "Cache", "CacheStats", "DurableKVError", "CacheLockedError", "CacheClosedError",
         "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
-        "SchemaVersionError", "LogCorruptionError", "LogWriteError", "WriteBehindError",
-        "FlushTimeoutError", "TraceFormatError", "__version__"]
+        "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError",
+        "LogWriteError", "WriteBehindError", "FlushTimeoutError", "TraceFormatError",
+        "__version__"]
+
+
+def test_every_error_class_a_docstring_names_is_importable_from_durablekv():
+    """Docstrings say ``:raises LogError:``; ``from durablekv import LogError``
+    failed. Every class of the exception tree, and every durablekv error a
+    public docstring names, comes from the package itself."""
+    import pkgutil
+    import re
+    from pathlib import Path
+
+    import durablekv.errors as errors
+
+    assert set(errors.__all__) <= set(durablekv.__all__)
+    named = set()
+    for info in pkgutil.iter_modules(durablekv.__path__):
+        text = (Path(durablekv.__file__).parent / f"{info.name}.py").read_text(encoding="utf-8")
+        named.update(n for n in re.findall(r"\b([A-Z][A-Za-z]*Error)\b", text)
+                     if hasattr(errors, n))
+    assert "LogError" in named
+    for name in sorted(named):
+        assert getattr(durablekv, name) is getattr(errors, name), name
+        assert name in durablekv.__all__, name
 
 
 def test_threads_share_one_cache(tmp_path):
