@@ -275,7 +275,9 @@ class Cache(MutableMapping):
     :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README.
     :param name: label for metrics; default the directory's base name.
     :param clock: ``() -> float`` epoch seconds for TTLs; default
-        ``time.time`` looked up at each call (so freezegun moves it).
+        ``time.time`` looked up at each call (so freezegun moves it). It is
+        called once at open, and must return a finite int or float there
+        (:class:`ConfigError` otherwise); later calls are not checked.
     :param serializer: ``"safe"`` (default; exact round trip of None, bool,
         int, float, str, bytes, tuple, list, dict) or ``"pickle"`` (any
         picklable object; UNSAFE for stores that others can write).
@@ -331,8 +333,8 @@ class Cache(MutableMapping):
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
                       segment_bytes=segment_bytes)
-        if clock is not None and not callable(clock):
-            raise ConfigError(f"clock must be a callable returning epoch seconds, got {clock!r}")
+        if clock is not None:
+            _check_clock(clock)
         self._codec = _codec.codec_by_name(serializer)
         self.durability = durability
         self.flush_interval = float(flush_interval)
@@ -1799,6 +1801,31 @@ def _check_expire(expire: Any) -> float | None:
         raise ValueError(f"expire must be a finite number of seconds >= 0 (or None for no "
                          f"expiry), got {expire!r}")
     return expire
+
+
+def _check_clock(clock: Any) -> None:
+    """Call ``clock`` once (at open) and check what it returns.
+
+    The TTL hot path (:meth:`Cache._now`) does no checks of its own, so a
+    clock returning a str or None would fail later with a bare arithmetic
+    TypeError, and one returning NaN or infinity would make every entry
+    live for ever.
+
+    :raises ConfigError: ``clock`` is not callable, raises, or does not
+        return a finite int or float (a bool is not a number of seconds).
+    """
+    expected = ("a callable returning epoch seconds as a finite float, like time.time "
+                "(pass clock=time.time, or leave it out for time.time)")
+    if not callable(clock):
+        raise ConfigError(f"clock must be {expected}; got {clock!r}, which is not callable")
+    try:
+        now = clock()
+    except Exception as exc:
+        raise ConfigError(f"clock must be {expected}; calling {clock!r} raised "
+                          f"{exc!r}") from exc
+    if type(now) is bool or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise ConfigError(f"clock must be {expected}; {clock!r} returned {now!r} "
+                          f"({type(now).__name__})")
 
 
 def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,
