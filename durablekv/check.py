@@ -62,6 +62,12 @@ class CheckResult:
 def check_directory(directory: str) -> CheckResult:
     """Verify ``directory``; see the module docstring. Never raises for damage."""
     r = CheckResult()
+    if not os.fspath(directory):
+        # abspath('') is the current directory: checking it would answer a
+        # question nobody asked (an unset shell variable, say)
+        r.error("the cache directory is an empty path; name a directory "
+                "(use '.' for the current one)")
+        return _finish(r)
     directory = os.path.abspath(directory)
     if not os.path.isdir(directory):
         r.error(f"{directory}: " + ("a file, not a cache directory" if os.path.exists(directory)

@@ -410,3 +410,20 @@ def test_replay_and_salvage_take_every_serializer_name(tmp_path, capsys):
         assert r["requests"] == 500
     assert main(["salvage", "--serializer", "pickle", str(safe)]) == 2
     assert "pass --serializer safe" in capsys.readouterr().err
+
+
+def test_check_of_an_empty_path_is_an_error_not_the_current_directory(tmp_path, capsys,
+                                                                     monkeypatch):
+    """``durablekv check ''`` (an unset shell variable) checked the current
+    directory: in a healthy cache it said "healthy" about a directory nobody
+    named. It is a could-not-check error (exit 2), like a missing one."""
+    from durablekv import Cache
+
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        cache["k"] = 1
+    monkeypatch.chdir(d)
+    assert main(["check", ""]) == 2
+    out = capsys.readouterr().out
+    assert "ERROR   the cache directory is an empty path" in out and "'.'" in out, out
+    assert main(["check", "."]) == 0
