@@ -1422,11 +1422,17 @@ class Cache(MutableMapping):
     def flush(self, timeout: float | None = None) -> None:
         """Block until every write acknowledged before this call is in SQLite.
 
-        :param timeout: seconds; None waits until the flush succeeds or fails.
+        :param timeout: seconds, a finite number >= 0 (0 only checks: it
+            raises at once unless everything is stored already); None waits
+            until the flush succeeds or fails.
+        :raises TypeError: ``timeout`` is not a number.
+        :raises ValueError: ``timeout`` is negative, NaN or infinite.
         :raises WriteBehindError: a flush failed (``timeout`` None).
         :raises FlushTimeoutError: not done within ``timeout`` (flushes keep
             being retried in the background).
         """
+        if timeout is not None:
+            timeout = _check_timeout(timeout)
         with self._lock:
             self._check_open()
             target = self._last_lsn
@@ -1826,6 +1832,18 @@ def _check_clock(clock: Any) -> None:
     if type(now) is bool or not isinstance(now, (int, float)) or not math.isfinite(now):
         raise ConfigError(f"clock must be {expected}; {clock!r} returned {now!r} "
                           f"({type(now).__name__})")
+
+
+def _check_timeout(timeout: Any) -> float:
+    """``flush(timeout=...)``'s argument as float seconds (None is handled by the caller)."""
+    if type(timeout) is bool or not isinstance(timeout, (int, float)):
+        raise TypeError(f"flush() timeout must be a number of seconds or None, got "
+                        f"{type(timeout).__name__}")
+    timeout = float(timeout)
+    if not 0 <= timeout < math.inf:  # (False for NaN)
+        raise ValueError(f"flush() timeout must be a finite number of seconds >= 0, got "
+                         f"{timeout!r}; pass None to wait until the flush succeeds or fails")
+    return timeout
 
 
 def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,

@@ -968,3 +968,21 @@ def test_an_unhashable_key_gets_the_same_type_error_from_every_method(tmp_path):
         for call in calls:
             with pytest.raises(TypeError, match="cannot store key of type builtins"):
                 call()
+
+
+@pytest.mark.parametrize("bad", [-1, -0.001, float("nan"), float("inf"), -float("inf")])
+def test_flush_refuses_a_negative_nan_or_infinite_timeout(tmp_path, bad):
+    """flush(timeout=-1) was accepted (a FlushTimeoutError or nothing, by
+    luck); inf failed with OverflowError deep in threading. Each is a
+    ValueError naming the value, before anything waits."""
+    with opened(tmp_path / "c") as c:
+        for _round in range(2):
+            with pytest.raises(ValueError) as info:
+                c.flush(timeout=bad)
+            assert "timeout" in str(info.value) and repr(float(bad)) in str(info.value)
+            c["k"] = 1  # the second round: with a write pending
+        with pytest.raises(TypeError, match="timeout"):
+            c.flush(timeout="1")
+        c.flush(timeout=5)
+        c.flush(timeout=0)  # nothing pending: returns at once
+        assert c.stats().pending_pages == 0 and c.stats().checkpoint_lsn == c.stats().last_lsn
