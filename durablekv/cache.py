@@ -290,7 +290,8 @@ class Cache(MutableMapping):
     :param on_corruption: ``"raise"`` (default) or ``"rebuild"``: move a
         damaged ``pages.sqlite3`` aside and start empty (the replay log is
         still applied).
-    :param salvage_log: recover from a log damaged before its tail by keeping
+    :param salvage_log: (a bool; anything else is a :class:`ConfigError`)
+        recover from a log damaged before its tail by keeping
         the good prefix and moving the damaged segment aside (loses the
         records after the damage; off by default). ``stats().salvaged_bytes``
         says how many bytes of the log were given up.
@@ -332,7 +333,7 @@ class Cache(MutableMapping):
                       flush_batch_pages=flush_batch_pages, durability=durability,
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
-                      segment_bytes=segment_bytes)
+                      segment_bytes=segment_bytes, salvage_log=salvage_log)
         if clock is not None:
             _check_clock(clock)
         self._codec = _codec.codec_by_name(serializer)
@@ -1848,7 +1849,7 @@ def _check_timeout(timeout: Any) -> float:
 
 def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,
                   max_value_bytes, on_corruption, max_pending_pages, busy_timeout,
-                  segment_bytes) -> None:
+                  segment_bytes, salvage_log) -> None:
     def need_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
         if type(value) is not int or value < lo or (hi is not None and value > hi):
             rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
@@ -1871,6 +1872,10 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
         raise ConfigError(f"durability must be one of {DURABILITY_MODES}, got {durability!r}")
     if on_corruption not in ("raise", "rebuild"):
         raise ConfigError(f"on_corruption must be 'raise' or 'rebuild', got {on_corruption!r}")
+    # Like the integer settings above: the exact type, no truthiness (a
+    # salvage_log='no' must not give up log records).
+    if type(salvage_log) is not bool:
+        raise ConfigError(f"salvage_log must be True or False, got {salvage_log!r}")
 
 
 def _acquire_dir_lock(path: str) -> int:

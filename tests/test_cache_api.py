@@ -526,7 +526,10 @@ def test_second_open_from_another_process_is_locked_with_pid(tmp_path):
                                 dict(page_size=1.5), dict(max_value_bytes=0),
                                 dict(serializer="yaml"), dict(segment_bytes="abc"),
                                 dict(segment_bytes=None), dict(segment_bytes=0),
-                                dict(segment_bytes=100)],
+                                dict(segment_bytes=100),
+                                # a truthy 'no' must not give up log records
+                                dict(salvage_log="yes"), dict(salvage_log="no"),
+                                dict(salvage_log=1), dict(salvage_log=None)],
                          ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()))
 def test_bad_config_is_a_configerror(tmp_path, kw):
     with pytest.raises(ConfigError) as info:
