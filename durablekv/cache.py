@@ -1481,6 +1481,11 @@ class Cache(MutableMapping):
         self._state = _CLOSED
 
     def __enter__(self) -> "Cache":
+        """:raises CacheClosedError: the cache is closed (as any call would);
+            ``with`` does not reopen it.
+        :raises CacheFailedError: the cache has failed (see :meth:`set`)."""
+        if self._state is not _OPEN:
+            self._check_open()
         return self
 
     # -- copying and pickling: refused ------------------------------------------------

@@ -989,3 +989,19 @@ def test_flush_refuses_a_negative_nan_or_infinite_timeout(tmp_path, bad):
         c.flush(timeout=5)
         c.flush(timeout=0)  # nothing pending: returns at once
         assert c.stats().pending_pages == 0 and c.stats().checkpoint_lsn == c.stats().last_lsn
+
+
+def test_with_on_a_closed_cache_raises_at_once(tmp_path):
+    """``with cache:`` after close() entered the block and failed only at the
+    first call inside it (or never, for a block that only reads stats)."""
+    c = open_cache(tmp_path / "c")
+    c["k"] = 1
+    c.close()
+    entered = False
+    with pytest.raises(CacheClosedError, match="is closed"):
+        with c:
+            entered = True
+    assert not entered
+    assert c.closed
+    with open_cache(tmp_path / "c") as again:  # closing it left nothing held
+        assert again["k"] == 1
