@@ -8,8 +8,8 @@ into a SQLite page store. See README.md and docs/architecture.md.
 from .cache import Cache
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
-                     LogCorruptionError, LogError, LogWriteError, SchemaVersionError,
-                     StoreError, TraceFormatError, WriteBehindError)
+                     LogCorruptionError, LogError, LogWriteError, MetricsServeError,
+                     SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
 from .stats import CacheStats
 
 __version__ = "0.1.0"
@@ -32,5 +32,6 @@ __all__ = [
     "WriteBehindError",
     "FlushTimeoutError",
     "TraceFormatError",
+    "MetricsServeError",
     "__version__",
 ]

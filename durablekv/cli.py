@@ -100,9 +100,9 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
             try:
                 server = serve(cache, port=metrics_port)
             except OSError as exc:
-                raise ConfigError(f"cannot serve metrics on 127.0.0.1:{metrics_port}: "
-                                  f"{exc.strerror or exc}; pick another --metrics-port "
-                                  "(0 picks a free one)") from None
+                # the library's message (MetricsServeError); main() turns
+                # "pick another port (port=0 ..." into --metrics-port
+                raise ConfigError(str(exc)) from None
             print(f"metrics: {server.url}", file=sys.stderr, flush=True)
         bar = tqdm(total=total, unit="req", unit_scale=True, disable=None if progress is None
                    else not progress, file=sys.stderr, mininterval=0.5, smoothing=0.1)
@@ -606,6 +606,8 @@ _API_TO_FLAGS = (
     ("format='i32be'", "--format i32be"),
     ("format='i64be'", "--format i64be"),
     ("Open with --salvage-log", "Run with --salvage-log"),
+    ("pick another port (port=0 picks a free one)",
+     "pick another --metrics-port (0 picks a free one)"),
 )
 
 

@@ -427,3 +427,19 @@ def test_check_of_an_empty_path_is_an_error_not_the_current_directory(tmp_path, 
     out = capsys.readouterr().out
     assert "ERROR   the cache directory is an empty path" in out and "'.'" in out, out
     assert main(["check", "."]) == 0
+
+
+def test_a_busy_metrics_port_names_the_flag_to_change(tmp_path, capsys):
+    """The CLI reuses the library's message, with --metrics-port for port=."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["replay", "--requests", "10", "--metrics-port", str(port),
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"durablekv: cannot serve metrics on 127.0.0.1:{port}: Address already in "
+                   "use; the port is taken (by another program, or by a server not closed "
+                   "yet); pick another --metrics-port (0 picks a free one)\n")
