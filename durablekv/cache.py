@@ -715,6 +715,10 @@ class Cache(MutableMapping):
     def _locate(self, key: Any) -> tuple[Page, int] | None:
         """Find a key whose page is not in memory: key index, then page fault.
 
+        A key of a subclass (an ``IntEnum`` member, a namedtuple) is looked
+        up as the plain key it equals (:func:`~durablekv.codec.lookup_key`),
+        as the page table does for a resident page.
+
         :raises TypeError: an unsupported key (from ``canonical_key``): every
             answer but the look-aside one below comes after that check.
         """
@@ -726,7 +730,17 @@ class Cache(MutableMapping):
             # equality: an equal key of an unsupported type, such as an
             # IntEnum member inside a tuple, must still meet the check.)
             return None
-        ck = _codec.canonical_key(key)
+        try:
+            ck = _codec.canonical_key(key)
+        except TypeError:
+            # A key a write refuses but that equals a storable one (an
+            # IntEnum member equals its int): found as the page table finds
+            # it for a resident page, so the answer never depends on
+            # residency. Anything else raises the TypeError.
+            plain = _codec.lookup_key(key)
+            if plain is key:
+                raise
+            ck = _codec.canonical_key(plain)
         if self._clear_pending:
             return None
         if self._filter.ready and ck not in self._filter:
@@ -1209,6 +1223,9 @@ class Cache(MutableMapping):
         :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
         """
         _check_counter_args("incr", delta, default)
+        # refused before the lookup, as every write does (a lookup would
+        # find an entry through an equal key of an unsupported type)
+        _codec.check_key(key)
         with self._lock:
             self._open_for_writes()
             ref = self._ref(key)
@@ -1592,6 +1609,12 @@ class Cache(MutableMapping):
                 key = ("durablekv.memoize", prefix, args, tuple(sorted(kwargs.items())))
                 try:
                     value = self.get(key, _MISSING)
+                    if value is _MISSING:
+                        # A miss runs func and stores its result under key:
+                        # refuse a key no write takes first (a lookup with an
+                        # IntEnum argument finds an equal int's result, as a
+                        # dict would, but a miss must not run func in vain).
+                        _codec.check_key(key)
                 except TypeError as exc:
                     raise _memoize_key_error(prefix, args, kwargs, key, exc) from exc
                 if value is not _MISSING:

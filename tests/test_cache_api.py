@@ -1005,3 +1005,61 @@ def test_with_on_a_closed_cache_raises_at_once(tmp_path):
     assert c.closed
     with open_cache(tmp_path / "c") as again:  # closing it left nothing held
         assert again["k"] == 1
+
+
+@pytest.mark.parametrize("where", ["resident", "store only"])
+def test_an_intenum_or_strenum_key_reads_like_a_dict_and_writes_refuse_it(tmp_path, where):
+    """README's rule, the same whether the entry's page is in memory or only
+    in SQLite. A lookup with an enum key (get, [], in) is a dict lookup: it
+    finds the entry stored under the equal int or str (and misses, without
+    an error, when there is none). Every write with one (set, add, delete,
+    pop, touch, incr, decr) raises TypeError and changes nothing. Before,
+    get(I.ONE) found the int's entry while its page was resident and raised
+    TypeError once the page was evicted."""
+    import enum
+
+    from durablekv.pages import RESIDENT
+
+    class I(enum.IntEnum):
+        ONE = 1
+        TWO = 2
+
+    class S(str, enum.Enum):  # StrEnum is new in 3.11; the same type shape
+        A = "a"
+        B = "b"
+
+    with opened(tmp_path / "c", page_size=1, max_pages=2) as c:
+        stored = {1: "one", "a": "A", (1, "a"): "tuple"}
+        c.update(stored)
+
+        def place(plain):
+            """Put ``plain``'s page in memory, or only in SQLite."""
+            if where == "store only":
+                for i in range(4):  # evicts every other page (max_pages=2)
+                    c[f"filler{i}"] = i
+                c.flush()
+                assert all(c._table.get(k) is None for k in stored)
+            elif plain in stored:
+                c.get(plain)
+                assert c._table[plain][0].state == RESIDENT
+
+        cases = ((I.ONE, 1), (S.A, "a"), ((I.ONE, S.A), (1, "a")))
+        for key, plain in cases:
+            place(plain)
+            assert c.get(key) == stored[plain] and c[key] == stored[plain] and key in c
+        for missing in (I.TWO, S.B, (I.TWO,)):
+            place(None)
+            assert c.get(missing, "dflt") == "dflt" and missing not in c
+            with pytest.raises(KeyError):
+                c[missing]
+        writes = [lambda k: c.set(k, 0), lambda k: c.add(k, 0), lambda k: c.delete(k),
+                  lambda k: c.pop(k), lambda k: c.pop(k, None), lambda k: c.touch(k, 60),
+                  lambda k: c.incr(k), lambda k: c.decr(k)]
+        for key, plain in cases + ((I.TWO, None),):
+            for write in writes:
+                place(plain)
+                lsn = c.stats().last_lsn
+                with pytest.raises(TypeError, match="cannot store key of type"):
+                    write(key)
+                assert c.stats().last_lsn == lsn  # nothing logged
+        assert {k: c[k] for k in stored} == stored
