@@ -443,3 +443,21 @@ def test_a_busy_metrics_port_names_the_flag_to_change(tmp_path, capsys):
     assert err == (f"durablekv: cannot serve metrics on 127.0.0.1:{port}: Address already in "
                    "use; the port is taken (by another program, or by a server not closed "
                    "yet); pick another --metrics-port (0 picks a free one)\n")
+
+
+def test_checks_advice_for_a_damage_marker_is_a_command_that_works(tmp_path, capsys):
+    """check named a bare "--on-corruption rebuild", which check itself does
+    not take; it names the salvage command that does, and that works."""
+    from durablekv import Cache
+    from durablekv.store import mark_damaged
+
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        cache["k"] = 1
+    mark_damaged(str(d / "pages.sqlite3"), "a test says so")
+    assert main(["check", str(d)]) == 1
+    out = capsys.readouterr().out
+    assert f"`durablekv salvage --on-corruption rebuild {d}`" in out, out
+    assert main(["salvage", "--on-corruption", "rebuild", str(d)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(d)]) == 0
