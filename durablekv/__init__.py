@@ -7,9 +7,9 @@ into a SQLite page store. See README.md and docs/architecture.md.
 
 from .cache import Cache
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
-                     CorruptStoreError, DurableKVError, FlushTimeoutError, LogCorruptionError,
-                     LogWriteError, SchemaVersionError, StoreError, TraceFormatError,
-                     WriteBehindError)
+                     CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
+                     LogCorruptionError, LogError, LogWriteError, MetricsServeError,
+                     SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
 from .stats import CacheStats
 
 __version__ = "0.1.0"
@@ -25,10 +25,13 @@ __all__ = [
     "StoreError",
     "CorruptStoreError",
     "SchemaVersionError",
+    "HeldKeyError",
+    "LogError",
     "LogCorruptionError",
     "LogWriteError",
     "WriteBehindError",
     "FlushTimeoutError",
     "TraceFormatError",
+    "MetricsServeError",
     "__version__",
 ]

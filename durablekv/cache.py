@@ -275,7 +275,9 @@ class Cache(MutableMapping):
     :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README.
     :param name: label for metrics; default the directory's base name.
     :param clock: ``() -> float`` epoch seconds for TTLs; default
-        ``time.time`` looked up at each call (so freezegun moves it).
+        ``time.time`` looked up at each call (so freezegun moves it). It is
+        called once at open, and must return a finite int or float there
+        (:class:`ConfigError` otherwise); later calls are not checked.
     :param serializer: ``"safe"`` (default; exact round trip of None, bool,
         int, float, str, bytes, tuple, list, dict) or ``"pickle"`` (any
         picklable object; UNSAFE for stores that others can write).
@@ -288,7 +290,8 @@ class Cache(MutableMapping):
     :param on_corruption: ``"raise"`` (default) or ``"rebuild"``: move a
         damaged ``pages.sqlite3`` aside and start empty (the replay log is
         still applied).
-    :param salvage_log: recover from a log damaged before its tail by keeping
+    :param salvage_log: (a bool; anything else is a :class:`ConfigError`)
+        recover from a log damaged before its tail by keeping
         the good prefix and moving the damaged segment aside (loses the
         records after the damage; off by default). ``stats().salvaged_bytes``
         says how many bytes of the log were given up.
@@ -306,7 +309,9 @@ class Cache(MutableMapping):
     stored them), except with ``durability="none"`` or ``salvage_log``,
     where they are flushed first.
 
-    Every public method is thread-safe.
+    Every public method is thread-safe. A Cache cannot be copied
+    (``copy.copy``, ``copy.deepcopy``) or pickled: it owns its directory, so
+    these raise ``TypeError``; share the object between threads instead.
     """
 
     def __init__(self, directory: str | os.PathLike, *, page_size: int | None = None,
@@ -328,9 +333,9 @@ class Cache(MutableMapping):
                       flush_batch_pages=flush_batch_pages, durability=durability,
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
-                      segment_bytes=segment_bytes)
-        if clock is not None and not callable(clock):
-            raise ConfigError(f"clock must be a callable returning epoch seconds, got {clock!r}")
+                      segment_bytes=segment_bytes, salvage_log=salvage_log)
+        if clock is not None:
+            _check_clock(clock)
         self._codec = _codec.codec_by_name(serializer)
         self.durability = durability
         self.flush_interval = float(flush_interval)
@@ -718,6 +723,10 @@ class Cache(MutableMapping):
     def _locate(self, key: Any) -> tuple[Page, int] | None:
         """Find a key whose page is not in memory: key index, then page fault.
 
+        A key of a subclass (an ``IntEnum`` member, a namedtuple) is looked
+        up as the plain key it equals (:func:`~durablekv.codec.lookup_key`),
+        as the page table does for a resident page.
+
         :raises TypeError: an unsupported key (from ``canonical_key``): every
             answer but the look-aside one below comes after that check.
         """
@@ -729,7 +738,17 @@ class Cache(MutableMapping):
             # equality: an equal key of an unsupported type, such as an
             # IntEnum member inside a tuple, must still meet the check.)
             return None
-        ck = _codec.canonical_key(key)
+        try:
+            ck = _codec.canonical_key(key)
+        except TypeError:
+            # A key a write refuses but that equals a storable one (an
+            # IntEnum member equals its int): found as the page table finds
+            # it for a resident page, so the answer never depends on
+            # residency. Anything else raises the TypeError.
+            plain = _codec.lookup_key(key)
+            if plain is key:
+                raise
+            ck = _codec.canonical_key(plain)
         if self._clear_pending:
             return None
         if self._filter.ready and ck not in self._filter:
@@ -1213,6 +1232,9 @@ class Cache(MutableMapping):
         :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
         """
         _check_counter_args("incr", delta, default)
+        # refused before the lookup, as every write does (a lookup would
+        # find an entry through an equal key of an unsupported type)
+        _codec.check_key(key)
         with self._lock:
             self._open_for_writes()
             ref = self._ref(key)
@@ -1427,11 +1449,17 @@ class Cache(MutableMapping):
     def flush(self, timeout: float | None = None) -> None:
         """Block until every write acknowledged before this call is in SQLite.
 
-        :param timeout: seconds; None waits until the flush succeeds or fails.
+        :param timeout: seconds, a finite number >= 0 (0 only checks: it
+            raises at once unless everything is stored already); None waits
+            until the flush succeeds or fails.
+        :raises TypeError: ``timeout`` is not a number.
+        :raises ValueError: ``timeout`` is negative, NaN or infinite.
         :raises WriteBehindError: a flush failed (``timeout`` None).
         :raises FlushTimeoutError: not done within ``timeout`` (flushes keep
             being retried in the background).
         """
+        if timeout is not None:
+            timeout = _check_timeout(timeout)
         with self._lock:
             self._check_open()
             target = self._last_lsn
@@ -1479,7 +1507,33 @@ class Cache(MutableMapping):
         self._state = _CLOSED
 
     def __enter__(self) -> "Cache":
+        """:raises CacheClosedError: the cache is closed (as any call would);
+            ``with`` does not reopen it.
+        :raises CacheFailedError: the cache has failed (see :meth:`set`)."""
+        if self._state is not _OPEN:
+            self._check_open()
         return self
+
+    # -- copying and pickling: refused ------------------------------------------------
+
+    def _refuse_copy(self, what: str) -> TypeError:
+        return TypeError(
+            f"a durablekv Cache cannot be {what}: it owns its directory {self.path!r} (the "
+            "LOCK file, the SQLite connections, the replay log and the write-behind thread), "
+            "and a copy would share them with no owner. Share the one Cache object instead "
+            "(it is thread-safe); in another process, open Cache(directory) there after this "
+            "process has closed it (one process owns a cache directory at a time); to copy "
+            "the data, copy the entries (dict(cache.items())) or, once the cache is "
+            "closed, the directory")
+
+    def __copy__(self) -> "Cache":
+        raise self._refuse_copy("copied (copy.copy)")
+
+    def __deepcopy__(self, memo: dict) -> "Cache":
+        raise self._refuse_copy("copied (copy.deepcopy)")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise self._refuse_copy("pickled")
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
@@ -1564,6 +1618,12 @@ class Cache(MutableMapping):
                 key = ("durablekv.memoize", prefix, args, tuple(sorted(kwargs.items())))
                 try:
                     value = self.get(key, _MISSING)
+                    if value is _MISSING:
+                        # A miss runs func and stores its result under key:
+                        # refuse a key no write takes first (a lookup with an
+                        # IntEnum argument finds an equal int's result, as a
+                        # dict would, but a miss must not run func in vain).
+                        _codec.check_key(key)
                 except TypeError as exc:
                     raise _memoize_key_error(prefix, args, kwargs, key, exc) from exc
                 if value is not _MISSING:
@@ -1787,9 +1847,46 @@ def _check_expire(expire: Any) -> float | None:
     return expire
 
 
+def _check_clock(clock: Any) -> None:
+    """Call ``clock`` once (at open) and check what it returns.
+
+    The TTL hot path (:meth:`Cache._now`) does no checks of its own, so a
+    clock returning a str or None would fail later with a bare arithmetic
+    TypeError, and one returning NaN or infinity would make every entry
+    live for ever.
+
+    :raises ConfigError: ``clock`` is not callable, raises, or does not
+        return a finite int or float (a bool is not a number of seconds).
+    """
+    expected = ("a callable returning epoch seconds as a finite float, like time.time "
+                "(pass clock=time.time, or leave it out for time.time)")
+    if not callable(clock):
+        raise ConfigError(f"clock must be {expected}; got {clock!r}, which is not callable")
+    try:
+        now = clock()
+    except Exception as exc:
+        raise ConfigError(f"clock must be {expected}; calling {clock!r} raised "
+                          f"{exc!r}") from exc
+    if type(now) is bool or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise ConfigError(f"clock must be {expected}; {clock!r} returned {now!r} "
+                          f"({type(now).__name__})")
+
+
+def _check_timeout(timeout: Any) -> float:
+    """``flush(timeout=...)``'s argument as float seconds (None is handled by the caller)."""
+    if type(timeout) is bool or not isinstance(timeout, (int, float)):
+        raise TypeError(f"flush() timeout must be a number of seconds or None, got "
+                        f"{type(timeout).__name__}")
+    timeout = float(timeout)
+    if not 0 <= timeout < math.inf:  # (False for NaN)
+        raise ValueError(f"flush() timeout must be a finite number of seconds >= 0, got "
+                         f"{timeout!r}; pass None to wait until the flush succeeds or fails")
+    return timeout
+
+
 def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,
                   max_value_bytes, on_corruption, max_pending_pages, busy_timeout,
-                  segment_bytes) -> None:
+                  segment_bytes, salvage_log) -> None:
     def need_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
         if type(value) is not int or value < lo or (hi is not None and value > hi):
             rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
@@ -1812,6 +1909,10 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
         raise ConfigError(f"durability must be one of {DURABILITY_MODES}, got {durability!r}")
     if on_corruption not in ("raise", "rebuild"):
         raise ConfigError(f"on_corruption must be 'raise' or 'rebuild', got {on_corruption!r}")
+    # Like the integer settings above: the exact type, no truthiness (a
+    # salvage_log='no' must not give up log records).
+    if type(salvage_log) is not bool:
+        raise ConfigError(f"salvage_log must be True or False, got {salvage_log!r}")
 
 
 def _acquire_dir_lock(path: str) -> int:

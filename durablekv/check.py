@@ -62,6 +62,12 @@ class CheckResult:
 def check_directory(directory: str) -> CheckResult:
     """Verify ``directory``; see the module docstring. Never raises for damage."""
     r = CheckResult()
+    if not os.fspath(directory):
+        # abspath('') is the current directory: checking it would answer a
+        # question nobody asked (an unset shell variable, say)
+        r.error("the cache directory is an empty path; name a directory "
+                "(use '.' for the current one)")
+        return _finish(r)
     directory = os.path.abspath(directory)
     if not os.path.isdir(directory):
         r.error(f"{directory}: " + ("a file, not a cache directory" if os.path.exists(directory)
@@ -104,9 +110,10 @@ def _check_contents(directory: str, r: CheckResult) -> None:
         with open(marker, encoding="utf-8", errors="replace") as f:
             first = f.readline().strip()
         r.bad(f"{marker}: a read found damage while the cache was in use ({first}); the "
-              "next open refuses the store (open with on_corruption='rebuild', or "
-              "--on-corruption rebuild, to move it "
-              "aside and start empty, or delete the marker if the store checks clean)")
+              "next open refuses the store (open with on_corruption='rebuild', or run "
+              f"`durablekv salvage --on-corruption rebuild {shlex.quote(directory)}`, to "
+              "move it aside and start empty, applying the replay log, or delete the "
+              "marker if the store checks clean)")
     checkpoint = _check_store(directory, r)
     _check_log(directory, checkpoint, r)
     for name in sorted(os.listdir(directory)):

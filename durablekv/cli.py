@@ -58,7 +58,7 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
            limit: int | None = None, metrics_port: int | None = None, hold: float = 0.0,
            progress: bool | None = None, name: str | None = None,
            on_corruption: str = "raise", salvage_log: bool = False,
-           on_report: Any = None) -> dict[str, Any]:
+           on_report: Any = None, serializer: str = "safe") -> dict[str, Any]:
     """Replay ``trace`` (an iterable of :class:`~durablekv.traces.Request`) into a
     cache at ``directory``; return the report as a flat dict.
 
@@ -66,6 +66,9 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
     request's size (``value_size`` bytes when the trace has no sizes); set
     ops set; delete ops delete. TTLs follow the trace's own timestamps.
     ``page_size`` None adopts an existing cache's (16 for a new one).
+    ``serializer`` is passed to :class:`~durablekv.Cache` (``"safe"``,
+    ``"json"`` (another name for it) or ``"pickle"``); an existing cache
+    must be opened with the one it was created with.
     ``on_report(report)`` is called as soon as the report is ready, before
     the ``hold`` seconds of metrics serving.
 
@@ -88,7 +91,8 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
         total = limit if total is None else min(total, limit)
     cache = Cache(directory, page_size=page_size, max_pages=max_pages, durability=durability,
                   flush_interval=flush_interval, clock=clock, name=name,
-                  on_corruption=on_corruption, salvage_log=salvage_log)
+                  on_corruption=on_corruption, salvage_log=salvage_log,
+                  serializer=serializer)
     max_value = cache.max_value_bytes
     try:
         if metrics_port is not None:
@@ -96,9 +100,9 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
             try:
                 server = serve(cache, port=metrics_port)
             except OSError as exc:
-                raise ConfigError(f"cannot serve metrics on 127.0.0.1:{metrics_port}: "
-                                  f"{exc.strerror or exc}; pick another --metrics-port "
-                                  "(0 picks a free one)") from None
+                # the library's message (MetricsServeError); main() turns
+                # "pick another port (port=0 ..." into --metrics-port
+                raise ConfigError(str(exc)) from None
             print(f"metrics: {server.url}", file=sys.stderr, flush=True)
         bar = tqdm(total=total, unit="req", unit_scale=True, disable=None if progress is None
                    else not progress, file=sys.stderr, mininterval=0.5, smoothing=0.1)
@@ -383,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="REPORT", help="also write the report as JSON to this file")
     p.add_argument("--on-corruption", choices=("raise", "rebuild"), default="raise",
                    help="a damaged page store: stop (default), or move it aside and start empty")
+    p.add_argument("--serializer", choices=SERIALIZERS,
+                   help="with --dir: the cache's serializer ('json' is another name for "
+                   "'safe'; default: the one an existing store records, else safe)")
     p.add_argument("--salvage-log", action="store_true",
                    help="a replay log damaged before its tail: keep the good prefix, move the "
                    "damaged file aside (loses the records after the damage), then replay into "
@@ -413,15 +420,24 @@ def build_parser() -> argparse.ArgumentParser:
                        "(open in another process, a damaged store), 2 for a DIR that is not a "
                        "cache directory, a bad option or a file system error.")
     s.add_argument("dir", help="cache directory")
-    s.add_argument("--serializer", choices=("safe", "pickle"),
-                   help="the cache's serializer (default: the one its store records; needed "
-                   "when pages.sqlite3 is missing)")
+    s.add_argument("--serializer", choices=SERIALIZERS,
+                   help="the cache's serializer ('json' is another name for 'safe'; default: "
+                   "the one its store records; needed when pages.sqlite3 is missing)")
+    s.add_argument("--on-corruption", choices=("raise", "rebuild"), default="raise",
+                   help="a damaged page store: stop (default), or move it aside and start "
+                   "empty, then apply the replay log (as replay --on-corruption does)")
     s.set_defaults(func=_cmd_salvage)
+    for sp in (p, c, s):
+        sp.set_defaults(flags=frozenset(sp._option_string_actions))
     return parser
 
 
 #: The Zipf workload's options and their defaults (None on the command line
 #: means "not given", so that giving one with a TRACE is an error).
+#: ``--serializer`` choices: Cache's serializer names ("json" is another
+#: name for "safe").
+SERIALIZERS = ("safe", "json", "pickle")
+
 _ZIPF_DEFAULTS = {"requests": 1_000_000, "keys": 100_000, "alpha": 0.99,
                   "set_fraction": 0.1, "seed": 0}
 
@@ -464,6 +480,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     directory = args.dir
     if directory is None:
         tmp = directory = tempfile.mkdtemp(prefix="durablekv-replay-")
+    serializer = args.serializer
+    if serializer is None:
+        # an existing store says what it holds; a new cache gets the default
+        serializer = (_stored_serializer(directory) if os.path.isdir(directory) else None) \
+            or "safe"
     def report_ready(report: dict[str, Any]) -> None:
         # The JSON file first: a closed stdout (`| head`) must not lose it.
         if args.json:
@@ -483,7 +504,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                value_size=args.value_size, limit=args.limit,
                metrics_port=args.metrics_port, hold=args.hold, progress=args.progress,
                name="replay" if tmp else None, on_corruption=args.on_corruption,
-               salvage_log=args.salvage_log, on_report=report_ready)
+               salvage_log=args.salvage_log, on_report=report_ready,
+               serializer=serializer)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -551,7 +573,8 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
     before = aside()
     # Opening does the salvage; closing flushes and checkpoints. Nothing
     # else is written (unlike `replay --salvage-log`, which then replays).
-    with Cache(directory, salvage_log=True, serializer=serializer) as cache:
+    with Cache(directory, salvage_log=True, serializer=serializer,
+               on_corruption=args.on_corruption) as cache:
         st = cache.stats()
     moved = sorted(aside() - before)
     print(f"ok      replay log: {st.recovered_records} records after the store's checkpoint "
@@ -572,7 +595,12 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
 
 
 #: The Python API's words in error messages, and the flags that do the same.
+#: A message is rewritten only with flags its subcommand has (see
+#: :func:`_for_cli`); tests/test_cli.py checks each flag exists somewhere.
 _API_TO_FLAGS = (
+    ("open it with serializer='pickle'", "pass --serializer pickle"),
+    ("open it with serializer='safe'", "pass --serializer safe"),
+    ("open it with serializer='json'", "pass --serializer json"),
     ("on_corruption='rebuild'", "--on-corruption rebuild"),
     ("salvage_log=True", "--salvage-log"),
     ("without page_size (or with page_size=", "without --page-size (or with --page-size "),
@@ -580,14 +608,27 @@ _API_TO_FLAGS = (
     ("format='i32be'", "--format i32be"),
     ("format='i64be'", "--format i64be"),
     ("Open with --salvage-log", "Run with --salvage-log"),
+    ("pick another port (port=0 picks a free one)",
+     "pick another --metrics-port (0 picks a free one)"),
 )
 
 
-def _for_cli(exc: BaseException) -> str:
-    """An error message with the API's parameter names turned into flags."""
+def _flag_of(replacement: str) -> str:
+    """The option a :data:`_API_TO_FLAGS` replacement names (``--serializer``)."""
+    return next(w for w in replacement.split() if w.startswith("--"))
+
+
+def _for_cli(exc: BaseException, flags: frozenset[str] | None = None) -> str:
+    """An error message with the API's parameter names turned into flags.
+
+    :param flags: the option strings of the subcommand that prints it; a
+        phrase is rewritten only when that subcommand has the flag (a hint
+        must never name an option the command refuses). None: all of them.
+    """
     msg = str(exc)
     for api, flag in _API_TO_FLAGS:
-        msg = msg.replace(api, flag)
+        if flags is None or _flag_of(flag) in flags:
+            msg = msg.replace(api, flag)
     return msg
 
 
@@ -611,25 +652,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     previous = None
+    flags = getattr(args, "flags", None)
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)
     except TraceFormatError as exc:
-        print(f"durablekv: bad trace: {_for_cli(exc)}", file=sys.stderr)
+        print(f"durablekv: bad trace: {_for_cli(exc, flags)}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
         print(f"durablekv: no such file: {exc.filename}", file=sys.stderr)
         return 2
     except ConfigError as exc:
-        print(f"durablekv: {_for_cli(exc)}", file=sys.stderr)
+        print(f"durablekv: {_for_cli(exc, flags)}", file=sys.stderr)
         return 2
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
         print(f"durablekv: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except DurableKVError as exc:
-        print(f"durablekv: {_for_cli(exc)}", file=sys.stderr)
+        print(f"durablekv: {_for_cli(exc, flags)}", file=sys.stderr)
         return 1
     except _Terminated:
         print("durablekv: terminated", file=sys.stderr)

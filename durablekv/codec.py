@@ -21,7 +21,8 @@ tag     type                                       payload
 
 Subclasses (an ``IntEnum``, a ``str`` subclass) are refused with a
 ``TypeError`` naming the type, because they could not come back as the same
-type.
+type. A lookup with one (``get``, ``in``) behaves as a dict lookup does: it
+finds an equal plain key (:func:`lookup_key`).
 
 Keys: ``str``, ``bytes``, ``int``, ``float``, ``bool``, ``None`` and tuples of
 these. Two keys are the same key exactly when a Python dict says so
@@ -243,6 +244,42 @@ def _canon(key: Any) -> Any:
         return int(key)
     if t is tuple:
         return tuple(_canon(k) for k in key)
+    return key
+
+
+#: The plain value of an instance of a subclass of each base type, by the
+#: base type's own method (a subclass may override the ones ``int()``,
+#: ``str()`` ... call; bytes.__bytes__ is new in Python 3.11).
+_PLAIN = {int: int.__int__, float: float.__float__, str: str.__str__,
+          bytes: lambda b: bytes.__getitem__(b, slice(None))}
+
+
+def lookup_key(key: Any) -> Any:
+    """The key of a supported type that a dict lookup with ``key`` would find.
+
+    A subclass instance (an ``IntEnum``/``StrEnum`` member, a namedtuple, or
+    a tuple holding one) cannot be stored, but it is equal to, and hashes
+    like, the plain value (``I.ONE == 1``), so a dict, and the memory tier's
+    page table, finds the entry stored under that value. Lookups of keys
+    whose page is only in SQLite use this to find the same entry there.
+    Returns ``key`` itself when there is no such plain key (the caller's
+    :func:`canonical_key` then raises the usual TypeError).
+    """
+    t = type(key)
+    if t is str or t is int or t is bytes or t is float or t is bool or key is None:
+        return key
+    if isinstance(key, tuple):
+        plain: Any = tuple(map(lookup_key, key))
+    else:
+        for base, to_plain in _PLAIN.items():
+            if isinstance(key, base) and t is not bool:
+                plain = to_plain(key)
+                break
+        else:
+            return key
+    # exactly when a dict holding ``plain`` finds it by ``key``
+    if hash(plain) == hash(key) and plain == key:
+        return plain
     return key
 
 

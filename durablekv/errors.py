@@ -19,7 +19,8 @@ and a closed cache alike)::
      │    └── LogWriteError      (OSError) an append or fsync failed
      ├── WriteBehindError        a background flush to SQLite failed
      │    └── FlushTimeoutError  (TimeoutError) flush(timeout=...) ran out
-     └── TraceFormatError        (ValueError) a trace file could not be read
+     ├── TraceFormatError        (ValueError) a trace file could not be read
+     └── MetricsServeError       (OSError) metrics.serve() could not listen
 
 Context (``path``, ``offset``, ``lsn``, ``pid`` ...) is kept as attributes and
 rendered in the message, which says what happened, where, and what to do.
@@ -27,6 +28,7 @@ rendered in the message, which says what happened, where, and what to do.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 
@@ -46,6 +48,7 @@ __all__ = [
     "WriteBehindError",
     "FlushTimeoutError",
     "TraceFormatError",
+    "MetricsServeError",
 ]
 
 
@@ -255,3 +258,39 @@ class TraceFormatError(DurableKVError, ValueError):
             f"{where}: {detail}; see `durablekv replay --help` for the supported "
             "formats, or pass --format explicitly"
         )
+
+
+class MetricsServeError(DurableKVError, OSError):
+    """:func:`durablekv.metrics.serve` could not listen on its address and port.
+
+    An ``OSError`` (``errno`` is the cause's), so ``except OSError`` still
+    catches it; the cause is chained and kept.
+
+    :ivar addr: the address it tried to bind.
+    :ivar port: the TCP port it tried to bind.
+    :ivar cause: the ``OSError`` from binding.
+    """
+
+    def __init__(self, addr: str, port: int, cause: OSError) -> None:
+        self.addr = addr
+        self.port = port
+        self.cause = cause
+        host = f"[{addr}]" if ":" in addr else addr
+        if cause.errno == errno.EADDRINUSE:
+            fix = ("the port is taken (by another program, or by a server not closed yet); "
+                   "pick another port (port=0 picks a free one)")
+        elif cause.errno == errno.EACCES:
+            fix = ("binding this port needs privileges (ports below 1024 do); "
+                   "pick another port (port=0 picks a free one)")
+        else:
+            fix = ("check that addr= is an address of this machine (the default, "
+                   "'127.0.0.1', serves loopback only), or pick another port (port=0 "
+                   "picks a free one)")
+        OSError.__init__(
+            self,
+            cause.errno,
+            f"cannot serve metrics on {host}:{port}: {cause.strerror or cause}; {fix}",
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[1])

@@ -32,6 +32,8 @@ import threading
 from typing import Any, Callable, Iterator, NamedTuple
 
 from prometheus_client import CollectorRegistry, start_http_server
+
+from .errors import MetricsServeError
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -268,7 +270,10 @@ class MetricsServer:
         self.collector = collector
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(collector)
-        started = start_http_server(port, addr=addr, registry=self.registry)
+        try:
+            started = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise MetricsServeError(addr, port, exc) from exc
         if not isinstance(started, tuple):  # prometheus_client < 0.17 returned None
             raise RuntimeError("durablekv.metrics needs prometheus_client>=0.17, whose "
                                "start_http_server returns (server, thread)")
@@ -318,7 +323,8 @@ def serve(*caches: Any, port: int = 9109, addr: str = "127.0.0.1") -> MetricsSer
     :param port: TCP port; 0 picks a free one (read it from ``.port``).
     :param addr: address to bind; the default serves loopback only.
     :returns: a :class:`MetricsServer`; ``close()`` it (or use ``with``).
-    :raises OSError: the port is taken or the address cannot be bound.
+    :raises MetricsServeError: (an ``OSError``) the port is taken or the
+        address cannot be bound; the message names them and what to do.
     :raises ValueError: two caches share a ``name``.
     """
     return MetricsServer(CacheCollector(*caches), addr, port)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 import threading
 import zlib
@@ -98,10 +99,20 @@ def segment_name(first_lsn: int) -> str:
     return f"replay-{first_lsn:020d}.log"
 
 
+#: A segment's file name, exactly as :func:`segment_name` makes it.
+_SEGMENT_NAME = re.compile(r"replay-[0-9]{20}\.log")
+
+
 def list_segments(directory: str) -> list[str]:
-    """Paths of the log segments in ``directory``, oldest first."""
-    names = sorted(n for n in os.listdir(directory)
-                   if n.startswith("replay-") and n.endswith(".log"))
+    """Paths of the log segments in ``directory``, oldest first.
+
+    Only names exactly of the form :func:`segment_name` makes
+    (``replay-<20 digits>.log``) are segments; any other file (a
+    ``replay-abc.log``, an editor's backup, a ``*.damaged`` file salvage
+    moved aside) is not, and recovery, ``durablekv check`` and salvage
+    leave it alone: it is never read, cut as a torn tail, or deleted.
+    """
+    names = sorted(n for n in os.listdir(directory) if _SEGMENT_NAME.fullmatch(n))
     return [os.path.join(directory, n) for n in names]
 
 

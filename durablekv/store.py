@@ -337,6 +337,21 @@ def migration_files() -> list[tuple[int, str, str]]:
     return out
 
 
+def _cannot_open_hint(path: str, msg: str) -> str:
+    """The likely causes and fix for SQLite errors that say a file cannot
+    be opened or written (empty for any other message)."""
+    low = msg.lower()
+    if "unable to open database file" not in low and "readonly database" not in low:
+        return ""
+    directory = os.path.dirname(path) or "."
+    return (f"; SQLite could not open or create {os.path.basename(path)} (or its -wal or "
+            f"-shm file) in {directory!r} for writing. Likely causes: permissions (the owner "
+            "and mode of the directory and of those files), a read-only or immutable "
+            "directory or file system (a read-only mount, chattr +i), a symlink pointing "
+            "nowhere, or a full or failing disk. Fix that and open the cache again, or "
+            "open a cache in a writable directory")
+
+
 @contextlib.contextmanager
 def _translate(path: str, what: str) -> Iterator[None]:
     try:
@@ -344,7 +359,8 @@ def _translate(path: str, what: str) -> Iterator[None]:
     except sqlite3.DatabaseError as exc:
         msg = str(exc)
         if isinstance(exc, sqlite3.OperationalError) and not _looks_corrupt(msg):
-            raise StoreError(f"{what} on page store {path!r} failed: {msg}", path) from exc
+            raise StoreError(f"{what} on page store {path!r} failed: {msg}"
+                             f"{_cannot_open_hint(path, msg)}", path) from exc
         if isinstance(exc, sqlite3.DatabaseError) and _looks_corrupt(msg):
             mark_damaged(path, msg)
             raise CorruptStoreError(path, msg) from exc

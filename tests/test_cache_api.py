@@ -526,7 +526,10 @@ def test_second_open_from_another_process_is_locked_with_pid(tmp_path):
                                 dict(page_size=1.5), dict(max_value_bytes=0),
                                 dict(serializer="yaml"), dict(segment_bytes="abc"),
                                 dict(segment_bytes=None), dict(segment_bytes=0),
-                                dict(segment_bytes=100)],
+                                dict(segment_bytes=100),
+                                # a truthy 'no' must not give up log records
+                                dict(salvage_log="yes"), dict(salvage_log="no"),
+                                dict(salvage_log=1), dict(salvage_log=None)],
                          ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()))
 def test_bad_config_is_a_configerror(tmp_path, kw):
     with pytest.raises(ConfigError) as info:
@@ -710,8 +713,31 @@ def test_public_surface_is_pinned():
     assert durablekv.__all__ == [
         "Cache", "CacheStats", "DurableKVError", "CacheLockedError", "CacheClosedError",
         "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
-        "SchemaVersionError", "LogCorruptionError", "LogWriteError", "WriteBehindError",
-        "FlushTimeoutError", "TraceFormatError", "__version__"]
+        "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError",
+        "LogWriteError", "WriteBehindError", "FlushTimeoutError", "TraceFormatError",
+        "MetricsServeError", "__version__"]
+
+
+def test_every_error_class_a_docstring_names_is_importable_from_durablekv():
+    """Docstrings say ``:raises LogError:``; ``from durablekv import LogError``
+    failed. Every class of the exception tree, and every durablekv error a
+    public docstring names, comes from the package itself."""
+    import pkgutil
+    import re
+    from pathlib import Path
+
+    import durablekv.errors as errors
+
+    assert set(errors.__all__) <= set(durablekv.__all__)
+    named = set()
+    for info in pkgutil.iter_modules(durablekv.__path__):
+        text = (Path(durablekv.__file__).parent / f"{info.name}.py").read_text(encoding="utf-8")
+        named.update(n for n in re.findall(r"\b([A-Z][A-Za-z]*Error)\b", text)
+                     if hasattr(errors, n))
+    assert "LogError" in named
+    for name in sorted(named):
+        assert getattr(durablekv, name) is getattr(errors, name), name
+        assert name in durablekv.__all__, name
 
 
 def test_threads_share_one_cache(tmp_path):
@@ -945,3 +971,95 @@ def test_an_unhashable_key_gets_the_same_type_error_from_every_method(tmp_path):
         for call in calls:
             with pytest.raises(TypeError, match="cannot store key of type builtins"):
                 call()
+
+
+@pytest.mark.parametrize("bad", [-1, -0.001, float("nan"), float("inf"), -float("inf")])
+def test_flush_refuses_a_negative_nan_or_infinite_timeout(tmp_path, bad):
+    """flush(timeout=-1) was accepted (a FlushTimeoutError or nothing, by
+    luck); inf failed with OverflowError deep in threading. Each is a
+    ValueError naming the value, before anything waits."""
+    with opened(tmp_path / "c") as c:
+        for _round in range(2):
+            with pytest.raises(ValueError) as info:
+                c.flush(timeout=bad)
+            assert "timeout" in str(info.value) and repr(float(bad)) in str(info.value)
+            c["k"] = 1  # the second round: with a write pending
+        with pytest.raises(TypeError, match="timeout"):
+            c.flush(timeout="1")
+        c.flush(timeout=5)
+        c.flush(timeout=0)  # nothing pending: returns at once
+        assert c.stats().pending_pages == 0 and c.stats().checkpoint_lsn == c.stats().last_lsn
+
+
+def test_with_on_a_closed_cache_raises_at_once(tmp_path):
+    """``with cache:`` after close() entered the block and failed only at the
+    first call inside it (or never, for a block that only reads stats)."""
+    c = open_cache(tmp_path / "c")
+    c["k"] = 1
+    c.close()
+    entered = False
+    with pytest.raises(CacheClosedError, match="is closed"):
+        with c:
+            entered = True
+    assert not entered
+    assert c.closed
+    with open_cache(tmp_path / "c") as again:  # closing it left nothing held
+        assert again["k"] == 1
+
+
+@pytest.mark.parametrize("where", ["resident", "store only"])
+def test_an_intenum_or_strenum_key_reads_like_a_dict_and_writes_refuse_it(tmp_path, where):
+    """README's rule, the same whether the entry's page is in memory or only
+    in SQLite. A lookup with an enum key (get, [], in) is a dict lookup: it
+    finds the entry stored under the equal int or str (and misses, without
+    an error, when there is none). Every write with one (set, add, delete,
+    pop, touch, incr, decr) raises TypeError and changes nothing. Before,
+    get(I.ONE) found the int's entry while its page was resident and raised
+    TypeError once the page was evicted."""
+    import enum
+
+    from durablekv.pages import RESIDENT
+
+    class I(enum.IntEnum):
+        ONE = 1
+        TWO = 2
+
+    class S(str, enum.Enum):  # StrEnum is new in 3.11; the same type shape
+        A = "a"
+        B = "b"
+
+    with opened(tmp_path / "c", page_size=1, max_pages=2) as c:
+        stored = {1: "one", "a": "A", (1, "a"): "tuple"}
+        c.update(stored)
+
+        def place(plain):
+            """Put ``plain``'s page in memory, or only in SQLite."""
+            if where == "store only":
+                for i in range(4):  # evicts every other page (max_pages=2)
+                    c[f"filler{i}"] = i
+                c.flush()
+                assert all(c._table.get(k) is None for k in stored)
+            elif plain in stored:
+                c.get(plain)
+                assert c._table[plain][0].state == RESIDENT
+
+        cases = ((I.ONE, 1), (S.A, "a"), ((I.ONE, S.A), (1, "a")))
+        for key, plain in cases:
+            place(plain)
+            assert c.get(key) == stored[plain] and c[key] == stored[plain] and key in c
+        for missing in (I.TWO, S.B, (I.TWO,)):
+            place(None)
+            assert c.get(missing, "dflt") == "dflt" and missing not in c
+            with pytest.raises(KeyError):
+                c[missing]
+        writes = [lambda k: c.set(k, 0), lambda k: c.add(k, 0), lambda k: c.delete(k),
+                  lambda k: c.pop(k), lambda k: c.pop(k, None), lambda k: c.touch(k, 60),
+                  lambda k: c.incr(k), lambda k: c.decr(k)]
+        for key, plain in cases + ((I.TWO, None),):
+            for write in writes:
+                place(plain)
+                lsn = c.stats().last_lsn
+                with pytest.raises(TypeError, match="cannot store key of type"):
+                    write(key)
+                assert c.stats().last_lsn == lsn  # nothing logged
+        assert {k: c[k] for k in stored} == stored

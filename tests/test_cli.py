@@ -345,3 +345,134 @@ def test_a_closed_stdout_does_not_lose_the_json_report(tmp_path):
     assert proc.returncode == 0, err
     assert json.loads(report.read_text())["requests"] == 20000
     assert "Broken pipe" not in err and "Traceback" not in err, err
+
+
+def _flags_of(subcommand: str) -> set[str]:
+    from durablekv.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return set(sub.choices[subcommand]._option_string_actions)
+
+
+def test_every_flag_an_error_hint_names_exists_on_a_subcommand_that_can_print_it():
+    """_API_TO_FLAGS turns the API's words into flags; a flag no subcommand
+    has would be advice the command line refuses. _for_cli rewrites a
+    phrase only for a subcommand that has the flag."""
+    from durablekv.cli import _API_TO_FLAGS, _flag_of, _for_cli
+
+    all_flags = set().union(*(_flags_of(c) for c in ("replay", "check", "salvage")))
+    for api, flag in _API_TO_FLAGS:
+        assert _flag_of(flag) in all_flags, (api, flag)
+    salvage = frozenset(_flags_of("salvage"))
+    msg = "open it without page_size (or with page_size=16); Open with salvage_log=True"
+    assert "--" not in _for_cli(ValueError(msg), salvage)
+    assert "--page-size" in _for_cli(ValueError(msg), frozenset(_flags_of("replay")))
+
+
+def _damage_the_store(d: Path) -> None:
+    from durablekv import Cache
+
+    with Cache(d) as cache:
+        cache["k"] = b"v"
+    with open(d / "pages.sqlite3", "r+b") as f:
+        f.write(b"\x00garbage" * 20)
+
+
+def test_salvage_advice_for_a_damaged_store_names_a_flag_salvage_takes(tmp_path, capsys):
+    """salvage printed "--on-corruption rebuild" for a damaged store, then
+    refused that very option. It takes it now, and it works."""
+    d = tmp_path / "c"
+    _damage_the_store(d)
+    assert main(["salvage", str(d)]) == 1
+    err = capsys.readouterr().err
+    assert "--on-corruption rebuild" in err, err
+    assert main(["salvage", "--on-corruption", "rebuild", str(d)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("result  NOTHING TO SALVAGE")
+    assert any(p.name.startswith("pages.sqlite3.corrupt-") for p in d.iterdir())
+    assert main(["check", str(d)]) == 0
+
+
+def test_replay_and_salvage_take_every_serializer_name(tmp_path, capsys):
+    """replay had no --serializer although its error said "open it with
+    serializer='pickle'"; salvage refused "json", which README calls another
+    name for "safe". replay now adopts a store's serializer by default, and
+    an explicit wrong one gets advice replay takes."""
+    from durablekv import Cache
+
+    pickled = tmp_path / "p"
+    with Cache(pickled, serializer="pickle") as cache:
+        cache["obj"] = {1, 2}
+    r = replay_json(tmp_path, "--requests", "500", "--dir", str(pickled))
+    assert r["requests"] == 500
+    assert main(["replay", "--requests", "500", "--dir", str(pickled), "--serializer", "safe",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "pass --serializer pickle" in err and "open it with" not in err, err
+    r = replay_json(tmp_path, "--requests", "500", "--dir", str(pickled),
+                    "--serializer", "pickle")
+    assert r["requests"] == 500
+    with Cache(pickled, serializer="pickle") as cache:
+        assert cache["obj"] == {1, 2}
+
+    safe = tmp_path / "s"
+    with Cache(safe) as cache:
+        cache["a"] = 1
+    for name in ("json", "safe"):
+        assert main(["salvage", "--serializer", name, str(safe)]) == 0
+        assert capsys.readouterr().out.splitlines()[-1].startswith("result  NOTHING TO SALVAGE")
+        r = replay_json(tmp_path, "--requests", "500", "--dir", str(safe), "--serializer", name)
+        assert r["requests"] == 500
+    assert main(["salvage", "--serializer", "pickle", str(safe)]) == 2
+    assert "pass --serializer safe" in capsys.readouterr().err
+
+
+def test_check_of_an_empty_path_is_an_error_not_the_current_directory(tmp_path, capsys,
+                                                                     monkeypatch):
+    """``durablekv check ''`` (an unset shell variable) checked the current
+    directory: in a healthy cache it said "healthy" about a directory nobody
+    named. It is a could-not-check error (exit 2), like a missing one."""
+    from durablekv import Cache
+
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        cache["k"] = 1
+    monkeypatch.chdir(d)
+    assert main(["check", ""]) == 2
+    out = capsys.readouterr().out
+    assert "ERROR   the cache directory is an empty path" in out and "'.'" in out, out
+    assert main(["check", "."]) == 0
+
+
+def test_a_busy_metrics_port_names_the_flag_to_change(tmp_path, capsys):
+    """The CLI reuses the library's message, with --metrics-port for port=."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["replay", "--requests", "10", "--metrics-port", str(port),
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"durablekv: cannot serve metrics on 127.0.0.1:{port}: Address already in "
+                   "use; the port is taken (by another program, or by a server not closed "
+                   "yet); pick another --metrics-port (0 picks a free one)\n")
+
+
+def test_checks_advice_for_a_damage_marker_is_a_command_that_works(tmp_path, capsys):
+    """check named a bare "--on-corruption rebuild", which check itself does
+    not take; it names the salvage command that does, and that works."""
+    from durablekv import Cache
+    from durablekv.store import mark_damaged
+
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        cache["k"] = 1
+    mark_damaged(str(d / "pages.sqlite3"), "a test says so")
+    assert main(["check", str(d)]) == 1
+    out = capsys.readouterr().out
+    assert f"`durablekv salvage --on-corruption rebuild {d}`" in out, out
+    assert main(["salvage", "--on-corruption", "rebuild", str(d)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(d)]) == 0

@@ -168,3 +168,28 @@ def test_an_exception_from_a_signal_handler_never_leaves_the_lock_held(tmp_path)
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert interrupted == 300
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+def test_a_cache_cannot_be_copied_or_pickled(tmp_path, how):
+    """A copy would share the directory's lock, SQLite connections and
+    writer thread with no owner: copy.copy(cache) then close() hung forever
+    in flush_until. Each way is refused with a TypeError that says what to
+    do instead, and the original cache goes on working and closes."""
+    import copy
+    import pickle
+
+    do = {"copy": copy.copy, "deepcopy": copy.deepcopy,
+          "pickle": lambda c: pickle.dumps(c, protocol=pickle.HIGHEST_PROTOCOL)}[how]
+    with opened(tmp_path / "c") as cache:
+        cache["a"] = 1
+        with pytest.raises(TypeError) as info:
+            do(cache)
+        msg = str(info.value)
+        assert "cannot be" in msg and ("copied" in msg or "pickled" in msg)
+        assert "owns its directory" in msg and str(tmp_path / "c") in msg
+        assert "thread" in msg and "another process" in msg
+        cache["b"] = 2
+        cache.flush()
+    with opened(tmp_path / "c") as again:
+        assert dict(again.items()) == {"a": 1, "b": 2}

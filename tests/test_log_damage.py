@@ -762,3 +762,36 @@ def test_a_store_rebuilt_empty_continues_the_log(tmp_path):
     crash(cache)
     with Cache(d) as cache:
         assert {f"b{i}" for i in range(50)} <= set(cache)
+
+
+STRAY_NAMES = ["replay-abc.log", "replay-1.log", "replay-000000000000000000001.log",
+               "replay-+0000000000000000001.log", "replay-00000000000000000001.log.bak",
+               "replay-00000000000000000001.LOG"]
+
+
+def test_files_that_are_not_segments_are_left_alone(tmp_path, capsys):
+    """Only ``replay-<20 digits>.log`` (segment_name's form) is a segment. A
+    stray ``replay-abc.log`` sorted after the real segment, so recovery took
+    it for the last one, called its contents a torn tail and deleted it.
+    Open, check and salvage now all ignore such files and keep them."""
+    d = tmp_path / "c"
+    seg, _offsets = write_abc(d)
+    junk = b"not a durablekv log segment\n" * 3
+    for name in STRAY_NAMES:
+        (d / name).write_bytes(junk)
+    assert list_segments(str(d)) == [seg]
+    rc, lines = check_out(d, capsys)
+    assert rc == 0, lines
+    assert not any(name in line for line in lines for name in STRAY_NAMES), lines
+    assert main(["salvage", str(d)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("result  NOTHING TO SALVAGE")
+    with Cache(d) as cache:
+        assert dict(cache.items()) == {"a": "A" * 10, "b": "B" * 10, "c": "C" * 10}
+        assert cache.stats().torn_records == 0
+    for name in STRAY_NAMES:
+        assert (d / name).read_bytes() == junk, name
+    # a cleanly closed directory holding only the strays: nothing to recover
+    assert list_segments(str(d)) == []
+    with Cache(d) as cache:
+        assert cache.stats().torn_records == 0 and len(cache) == 3
+    assert all((d / name).read_bytes() == junk for name in STRAY_NAMES)

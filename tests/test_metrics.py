@@ -573,3 +573,31 @@ def test_a_collector_given_a_list_of_caches_says_to_unpack_it(tmp_path):
     with Cache(tmp_path / "c") as cache:
         with pytest.raises(TypeError, match=r"CacheCollector\(\*caches\)"):
             CacheCollector([cache])
+
+
+def test_a_busy_port_is_an_oserror_that_names_the_port_and_the_fix(tmp_path):
+    """serve() on a taken port raised prometheus_client's bare OSError
+    ("[Errno 98] Address already in use"); only the CLI said which port and
+    what to do. The library says it now, in the words the CLI uses, and it
+    is still an OSError (chained to the original) for ``except OSError``."""
+    import errno
+    import socket
+
+    from durablekv import DurableKVError, MetricsServeError
+
+    with open_cache(tmp_path / "c") as cache, socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError) as info:
+            serve(cache, port=port)
+        exc = info.value
+        assert isinstance(exc, MetricsServeError) and isinstance(exc, DurableKVError)
+        assert exc.errno == errno.EADDRINUSE and exc.port == port
+        assert isinstance(exc.__cause__, OSError) and exc.cause is exc.__cause__
+        msg = str(exc)
+        assert msg.startswith(f"cannot serve metrics on 127.0.0.1:{port}: "), msg
+        assert "pick another port (port=0 picks a free one)" in msg, msg
+        with serve(cache, port=0) as server:  # the advice works
+            assert server.port != port
+            scrape(server.url)

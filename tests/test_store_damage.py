@@ -290,3 +290,24 @@ def test_check_on_a_read_only_file_system_is_not_checked(tmp_path, capsys, monke
     assert main(["check", str(d)]) == 2
     out = capsys.readouterr().out
     assert "check a copy" in out and "NOT CHECKED" in out and "DAMAGE" not in out
+
+
+def test_a_store_sqlite_cannot_open_says_the_likely_causes_and_the_fix(tmp_path):
+    """SQLite's bare "unable to open database file" (an unwritable or
+    immutable directory, a full disk...) came with no way forward. Here the
+    store's name is a symlink pointing nowhere: the directory itself is fine
+    (LOCK is made), but SQLite cannot create the file."""
+    from durablekv import StoreError
+
+    d = tmp_path / "c"
+    d.mkdir()
+    os.symlink(tmp_path / "gone" / "pages.sqlite3", d / STORE)
+    with pytest.raises(StoreError) as info:
+        Cache(d)
+    msg = str(info.value)
+    assert "unable to open database file" in msg, msg
+    for words in ("permissions", "read-only or immutable", "disk", "Fix that"):
+        assert words in msg, (words, msg)
+    os.unlink(d / STORE)
+    with Cache(d) as cache:  # the directory was left usable
+        cache["k"] = 1

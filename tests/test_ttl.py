@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from durablekv import Cache, ConfigError
+
 from .conftest import Clock, open_cache, opened, run_with_timeout
 
 
@@ -582,3 +584,37 @@ class TTLVsModel(RuleBasedStateMachine):
 TTLVsModel.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None,
                                         suppress_health_check=[HealthCheck.too_slow])
 TestTTLVsModel = TTLVsModel.TestCase
+
+
+@pytest.mark.parametrize("returns, shown", [
+    ("soon", "'soon' (str)"), (None, "None (NoneType)"), (float("nan"), "nan (float)"),
+    (float("inf"), "inf (float)"), (-float("inf"), "-inf (float)"), (True, "True (bool)"),
+    ((1.0,), "(1.0,) (tuple)"),
+])
+def test_a_clock_that_does_not_return_finite_seconds_is_refused_at_open(tmp_path, returns,
+                                                                      shown):
+    """A str or None failed at the first TTL with a bare arithmetic
+    TypeError; NaN or infinity was accepted and entries then never expired.
+    The clock is called once at open and checked there (not on every call:
+    that is the hot path)."""
+    with pytest.raises(ConfigError) as info:
+        Cache(tmp_path / "c", clock=lambda: returns)
+    msg = str(info.value)
+    assert f"returned {shown}" in msg, msg
+    assert "epoch seconds" in msg and "time.time" in msg
+    with opened(tmp_path / "c") as c:  # the failed open holds nothing
+        assert len(c) == 0
+
+
+def test_a_clock_that_raises_or_is_not_callable_is_refused_at_open(tmp_path):
+    def broken() -> float:
+        raise RuntimeError("no time source")
+
+    with pytest.raises(ConfigError, match="raised RuntimeError"):
+        Cache(tmp_path / "c", clock=broken)
+    with pytest.raises(ConfigError, match="not callable"):
+        Cache(tmp_path / "c", clock=12.0)
+    for fine in (lambda: 0, lambda: 1_700_000_000, lambda: 1.5e9):
+        with opened(tmp_path / "c", clock=fine) as c:
+            c.set("k", 1, expire=10)
+            assert c["k"] == 1
