@@ -430,7 +430,9 @@ class SQLitePageStore:
             _check_header(self.path)
         try:
             with _translate(self.path, "open"):
-                if not existed:
+                if not existed and not os.path.islink(self.path):
+                    # (a dangling symlink is left to SQLite, which follows it
+                    # or says it cannot; a rename would replace the link)
                     self._create(page_size, serializer)
                 self._w = self._connect(durability, busy_timeout)
                 getlimit = getattr(self._w, "getlimit", None)  # Python 3.11+
