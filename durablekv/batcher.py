@@ -123,7 +123,9 @@ class WriteBehindBatcher:
         self._interval = interval
         self._sync_log = sync_log
         self._path = path
-        self._max_backoff = max(max_backoff, interval)
+        # a failing store is retried at least every max_backoff seconds,
+        # however long flush_interval is (a flush() waiting must not wait it out)
+        self._max_backoff = max_backoff
         self._duty_ratio = duty_ratio
         self._urgent = False    # someone waits for a flush (set without the lock)
         self._cooling = False   # inside the duty-cycle pause: plain kicks wait
@@ -269,7 +271,8 @@ class WriteBehindBatcher:
                     self._failing = True
                     self._cycles += 1
                     self._cond.notify_all()
-                backoff = min(max(backoff * 2, self._interval, 0.01), self._max_backoff)
+                backoff = min(max(backoff * 2, min(self._interval, self._max_backoff), 0.01),
+                              self._max_backoff)
                 retry_at = monotonic() + backoff
                 log.warning("write-behind flush of %s failed (retrying in %.3f s): %r",
                             self._path, backoff, exc)

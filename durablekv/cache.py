@@ -40,7 +40,7 @@ from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .keyfilter import KeyFilter
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
-                     CorruptStoreError, LogWriteError, WriteBehindError)
+                     CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
 from . import pages as _pages
 from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
@@ -693,7 +693,7 @@ class Cache(MutableMapping):
             now = self._last_now
             self._ttl_clock = (self._clock_offset, now)
             if self._batcher is not None:
-                self._batcher.kick()
+                self._batcher.kick(urgent=True)
         self._last_now = now
         return now
 
@@ -1497,6 +1497,17 @@ class Cache(MutableMapping):
             del _open_caches[id(self)]
         if self._batcher is not None:
             self._batcher.stop()
+        if clean and self._store is not None and self._ttl_clock != self._store.ttl_clock:
+            # The clock stepped back since the last flush (which would have
+            # stored the offset): store it now, with nothing else changed.
+            store = self._store
+            try:
+                store.write_batch([], store.checkpoint_lsn, store.key_count,
+                                  store.ttl_key_count, ttl_clock=self._ttl_clock)
+            except StoreError as exc:
+                log.error("closing %s: could not store the TTL clock's offset (%s); after "
+                          "the restart, TTLs set since the wall clock stepped back may "
+                          "last up to %.0f s longer", self.path, exc, self._ttl_clock[0])
         if self._log is not None:
             self._log.close(remove=clean)
         if self._store is not None:

@@ -420,7 +420,9 @@ class SQLitePageStore:
             # A store is created whole, under another name, and renamed into
             # place (_create): an empty one was truncated or replaced since.
             raise CorruptStoreError(self.path, "the file is empty (0 bytes), which a durablekv "
-                                    "store never is: it was truncated or replaced")
+                                    "store never is: it was truncated, and the cache's data "
+                                    "with it, or an earlier durablekv release was killed while "
+                                    "creating it (then the cache held nothing)")
         marker = self.path + ".damaged"
         if existed and os.path.exists(marker):
             with open(marker, encoding="utf-8", errors="replace") as f:

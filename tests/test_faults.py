@@ -588,6 +588,29 @@ def test_a_waiting_flush_does_not_cut_the_back_off_short(tmp_path, monkeypatch):
     assert contents(tmp_path / "c") == {"a": 1}
 
 
+def test_a_long_flush_interval_does_not_stretch_the_back_off(tmp_path, monkeypatch):
+    """The back-off was capped at flush_interval when that was longer than
+    1 s: with flush_interval=1000, a flush(timeout=5) that met a failing
+    store waited for a retry 1000 s away and timed out although the store
+    recovered at once. Retries now come at least every second."""
+    cache = Cache(tmp_path / "c", flush_interval=1000)
+    real = cache._store.write_batch
+    calls = []
+
+    def write_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise sqlite3.OperationalError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache._store, "write_batch", write_batch)
+    cache["a"] = 1
+    cache.flush(timeout=5)
+    assert len(calls) == 3
+    cache.close()
+    assert contents(tmp_path / "c") == {"a": 1}
+
+
 def test_br017_unserializable_value_is_refused_in_the_callers_thread(tmp_path):
     with Cache(tmp_path / "c") as cache:
         with pytest.raises(TypeError) as exc:

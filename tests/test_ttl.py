@@ -434,6 +434,24 @@ def test_br003_a_step_back_is_remembered_across_a_reopen(tmp_path, how):
         assert c.get("n") is None and len(c) == 0
 
 
+def test_a_clean_close_stores_the_offset_no_flush_has_stored(tmp_path, monkeypatch):
+    """The step back asks for a flush, but the close may come first (here the
+    batcher never gets the request): the close stores the offset itself."""
+    clock = Clock(1000)
+    d = tmp_path / "c"
+    c = open_cache(d, clock=clock)
+    c.set("k", "v", expire=100)
+    c.flush()
+    monkeypatch.setattr(c._batcher, "kick", lambda *a, **kw: None)
+    clock.now = 0                      # back 1000 s, seen by the get
+    assert c.get("k") == "v"
+    assert c._store.ttl_clock != c._ttl_clock
+    run_with_timeout(c.close)
+    clock.now = 200                    # 200 s later: past the 100 s TTL
+    with opened(d, clock=clock) as c:
+        assert c.get("k") is None
+
+
 def test_a_clock_that_never_went_back_writes_no_ttl_clock(tmp_path):
     clock = Clock(1000)
     with opened(tmp_path / "c", clock=clock) as c:
