@@ -43,7 +43,7 @@ from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, Confi
                      CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
 from . import pages as _pages
 from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
-from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
+from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments
 from .stats import CacheStats, HistogramSnapshot
 from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
                     encode_columns, encode_page, mark_damaged, page_columns, split_page)
@@ -388,6 +388,12 @@ class Cache(MutableMapping):
         except CorruptStoreError as exc:
             if on_corruption != "rebuild":
                 raise
+            # The new store, whole, before the damaged one moves; it starts
+            # where the replay log does, which it continues.
+            segments = list_segments(self.path)
+            SQLitePageStore.prepare_rebuild(
+                self.path, page_size=page_size, serializer=self._codec.name,
+                checkpoint_lsn=_first_lsn_of(segments[0]) - 1 if segments else 0)
             aside = _move_aside(os.path.join(self.path, STORE_FILE))
             log.warning("page store %s is damaged (%s); moved it to %s and started empty",
                         exc.path, exc.detail, aside)
@@ -435,15 +441,7 @@ class Cache(MutableMapping):
                                            sync_log=self.durability == "log",
                                            name=self.name, path=self.path)
         t0 = _REAL_MONOTONIC[0]()
-        # (a store rebuilt empty cannot continue the log: the records before
-        # it went with the damaged store, as on_corruption="rebuild" says)
-        result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log,
-                                   check_start=not self.store_rebuilds)
-        if self.store_rebuilds and result.records and \
-                result.records[0][0] > store.checkpoint_lsn + 1:
-            # The new store continues the log from here, so that a crash
-            # before its first flush does not read as a gap at the next open.
-            store.write_batch([], result.records[0][0] - 1, 0, 0)
+        result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
         self.torn_records = result.torn_records
         self.salvaged_bytes = result.salvaged_bytes
         self._state = _OPEN

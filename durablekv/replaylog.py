@@ -415,8 +415,7 @@ class ReplayLog:
 
     # -- recovery ----------------------------------------------------------------------
 
-    def recover(self, after_lsn: int, *, salvage: bool = False,
-                check_start: bool = True) -> RecoveryResult:
+    def recover(self, after_lsn: int, *, salvage: bool = False) -> RecoveryResult:
         """Read every segment; return records with LSN > ``after_lsn``.
 
         Cuts a torn tail off the last segment (the file is truncated and
@@ -443,8 +442,8 @@ class ReplayLog:
         ``after_lsn`` must be ``after_lsn + 1``. A later one means records
         the store never got are missing, as when ``pages.sqlite3`` is older
         than the log (put back from a backup, or its ``-wal`` file deleted):
-        an LSN gap like any other. ``check_start=False`` skips this for a
-        store just rebuilt empty, which cannot continue the log.
+        an LSN gap like any other. (A store rebuilt empty starts where the
+        log does: see ``SQLitePageStore.prepare_rebuild``.)
 
         :raises LogCorruptionError: a damaged record before the tail, or an
             LSN gap (and ``salvage`` is False).
@@ -504,7 +503,7 @@ class ReplayLog:
             first = records[0][0] if records else None
             # (the log's first record: at or below the store's next LSN)
             if records and (first == expect if expect is not None else
-                            first <= after_lsn + 1 or not check_start) and \
+                            first <= after_lsn + 1) and \
                     list(map(_LSN_OF, records)) == list(range(first, first + len(records))):
                 # The usual case, checked in C: this segment continues the
                 # previous one and its LSNs step by one.
@@ -517,7 +516,7 @@ class ReplayLog:
                     if expect is not None and lsn != expect and not (
                             lsn > expect and lsn <= after_lsn + 1):
                         detail = f"LSN {lsn} follows {expect - 1}: a segment is missing or out of order"
-                    elif expect is None and check_start and lsn > after_lsn + 1:
+                    elif expect is None and lsn > after_lsn + 1:
                         detail = start_gap_detail(after_lsn, lsn)
                     if detail is not None:
                         offset = _record_offset(records, runs, j)

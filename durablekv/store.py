@@ -367,6 +367,21 @@ def _translate(path: str, what: str) -> Iterator[None]:
         raise StoreError(f"{what} on page store {path!r} failed: {msg}", path) from exc
 
 
+def _fsync_parent(path: str) -> None:
+    """fsync the directory holding ``path`` (a new name in it), where the
+    file system can (some cannot fsync a directory)."""
+    try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _nonempty(path: str) -> bool:
     try:
         return os.path.getsize(path) > 0
@@ -415,6 +430,15 @@ class SQLitePageStore:
         # Reads may share one read transaction between commits (see
         # pause_snapshot); off until the cache's first flush protocol says so.
         self._snapshot_reads = False
+        ready = self.path + ".ready"
+        if os.path.exists(ready):
+            if os.path.lexists(self.path):
+                # a rebuild killed before it moved the damaged store aside:
+                # the next rebuild prepares a new one
+                os.unlink(ready)
+            else:  # ... killed after: the prepared store is installed now
+                os.replace(ready, self.path)
+                _fsync_parent(self.path)
         existed = os.path.exists(self.path)
         if existed and os.path.getsize(self.path) == 0 and not _nonempty(self.path + "-wal"):
             # A store is created whole, under another name, and renamed into
@@ -472,11 +496,12 @@ class SQLitePageStore:
 
     # -- opening -----------------------------------------------------------------
 
-    def _create(self, page_size: int | None, serializer: str) -> None:
-        """Make a new store whole under a temporary name, then rename it into
-        place, so that ``pages.sqlite3`` never exists half made: a process
-        killed here leaves no store (the next open starts again), and an
-        empty or headless file is damage, not a new store."""
+    def _create(self, page_size: int | None, serializer: str, target: str | None = None,
+                checkpoint_lsn: int = 0) -> None:
+        """Make a new store whole under a temporary name, then rename it to
+        ``target`` (``pages.sqlite3``), so that the store never exists half
+        made: a process killed here leaves no store (the next open starts
+        again), and an empty or headless file is damage, not a new store."""
         tmp = self.path + ".new"
         for stale in (tmp, tmp + "-journal"):
             if os.path.exists(stale):
@@ -486,6 +511,9 @@ class SQLitePageStore:
             self._w = conn  # rollback journal here; _connect switches to WAL
             self._migrate()
             self._settings(page_size, serializer)
+            if checkpoint_lsn:
+                conn.execute("UPDATE meta SET value = ? WHERE name = 'checkpoint_lsn'",
+                             (checkpoint_lsn,))
         finally:
             self._w = None
             conn.close()
@@ -494,17 +522,25 @@ class SQLitePageStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, self.path)
-        try:  # the new name (some file systems cannot fsync a directory)
-            fd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        os.replace(tmp, target or self.path)
+        _fsync_parent(self.path)
+
+    @classmethod
+    def prepare_rebuild(cls, directory: str | os.PathLike, *, page_size: int | None,
+                        serializer: str, checkpoint_lsn: int) -> None:
+        """Build the empty store that replaces a damaged one, whole, as
+        ``pages.sqlite3.ready``, before the damaged one is moved aside. The
+        next open installs it when ``pages.sqlite3`` is gone (see
+        ``__init__``), so a process killed anywhere in a rebuild leaves
+        either the damaged store (the rebuild runs again) or the new one.
+
+        :param checkpoint_lsn: the new store's checkpoint: the LSN before the
+            replay log's first record, so that the store continues the log.
+        """
+        self = cls.__new__(cls)
+        self.path = os.path.join(os.fspath(directory), STORE_FILE)
+        self._w = None
+        self._create(page_size, serializer, self.path + ".ready", checkpoint_lsn)
 
     def _connect(self, durability: str, busy_timeout: float) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,

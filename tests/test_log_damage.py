@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from durablekv import Cache, LogCorruptionError
+from durablekv import Cache, CorruptStoreError, LogCorruptionError
 from durablekv.check import check_directory
 from durablekv.cli import main
 from durablekv.replaylog import HEADER, MAGIC, list_segments, read_segment
@@ -762,6 +762,49 @@ def test_a_store_rebuilt_empty_continues_the_log(tmp_path):
     crash(cache)
     with Cache(d) as cache:
         assert {f"b{i}" for i in range(50)} <= set(cache)
+
+
+@pytest.mark.parametrize("killed_in", ["moving the damaged store aside", "the replay"])
+def test_a_rebuild_killed_anywhere_loses_nothing_the_log_holds(tmp_path, monkeypatch, killed_in):
+    """The new store is built whole, starting where the log does, before the
+    damaged one moves aside. A rebuild killed before the move leaves the
+    damaged store (the next rebuild starts over); killed after it, the next
+    open installs the new store, which continues the log. Before, a rebuild
+    killed in its replay left an empty store at checkpoint 0 and a log at
+    LSN 101: every later open called that a gap, and salvage dropped the
+    acknowledged writes."""
+    import durablekv.cache as cache_mod
+    from durablekv.replaylog import ReplayLog
+
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        for i in range(100):
+            cache[f"old{i}"] = i
+    cache = Cache(d, **NEVER)
+    for i in range(50):
+        cache[f"new{i}"] = i
+    crash(cache)
+    (d / "pages.sqlite3.damaged").write_text("page 3 cannot be decoded\n")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if killed_in == "the replay":
+        monkeypatch.setattr(ReplayLog, "recover", killed)
+    else:
+        monkeypatch.setattr(cache_mod, "_move_aside", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Cache(d, on_corruption="rebuild")
+    monkeypatch.undo()
+    if killed_in == "the replay":
+        opened_again = Cache(d)                 # the new store is in place
+    else:
+        with pytest.raises(CorruptStoreError):  # still the damaged store
+            Cache(d)
+        opened_again = Cache(d, on_corruption="rebuild")
+    with opened_again as cache:
+        assert dict(cache.items()) == {f"new{i}": i for i in range(50)}
+    assert not (d / "pages.sqlite3.ready").exists()
 
 
 STRAY_NAMES = ["replay-abc.log", "replay-1.log", "replay-000000000000000000001.log",
