@@ -65,6 +65,7 @@ from typing import AbstractSet as Set
 from typing import Any, Iterator, Sequence
 
 from .errors import ConfigError, CorruptStoreError, HeldKeyError, SchemaVersionError, StoreError
+from .replaylog import _fsync_dir
 
 log = logging.getLogger("durablekv.store")
 
@@ -370,16 +371,7 @@ def _translate(path: str, what: str) -> Iterator[None]:
 def _fsync_parent(path: str) -> None:
     """fsync the directory holding ``path`` (a new name in it), where the
     file system can (some cannot fsync a directory)."""
-    try:
-        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    _fsync_dir(os.path.dirname(path) or ".")
 
 
 def _nonempty(path: str) -> bool:

@@ -225,18 +225,6 @@ def test_cli_errors_are_one_line_messages(tmp_path, capsys):
     assert "set-fraction" in capsys.readouterr().err
 
 
-def test_port_in_use_is_a_clear_error(tmp_path, capsys):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        assert main(["replay", "--requests", "10", "--metrics-port", str(port),
-                     "--no-progress"]) == 2
-    assert "Address already in use" in capsys.readouterr().err
-
-
 def test_replay_dir_adopts_the_stored_page_size(tmp_path):
     d = str(tmp_path / "d")
     first = replay_json(tmp_path, "--requests", "2000", "--dir", d, "--page-size", "1")
