@@ -1963,8 +1963,13 @@ def _move_aside(path: str) -> str:
     while os.path.exists(aside):
         n += 1
         aside = f"{path}.corrupt-{stamp}-{n}"
-    os.replace(path, aside)
-    for suffix in ("-wal", "-shm", ".damaged"):
+    # The WAL first, the damage marker last: a kill in between must not
+    # leave the damaged store's WAL for the new store to apply, and must
+    # leave the damaged store marked while it is still in place.
+    for suffix in ("-wal", "-shm"):
         if os.path.exists(path + suffix):
             os.replace(path + suffix, aside + suffix)
+    os.replace(path, aside)
+    if os.path.exists(path + ".damaged"):
+        os.replace(path + ".damaged", aside + ".damaged")
     return aside

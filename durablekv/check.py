@@ -106,7 +106,12 @@ def check_directory(directory: str) -> CheckResult:
 
 def _check_contents(directory: str, r: CheckResult) -> None:
     marker = os.path.join(directory, STORE_FILE + ".damaged")
-    if os.path.exists(marker):
+    store = os.path.join(directory, STORE_FILE)
+    if os.path.exists(marker) and not os.path.exists(store) and \
+            os.path.exists(store + ".ready"):
+        r.note(f"{marker}: left by the damaged store an interrupted rebuild moved aside; "
+               "the next open removes it")
+    elif os.path.exists(marker):
         with open(marker, encoding="utf-8", errors="replace") as f:
             first = f.readline().strip()
         r.bad(f"{marker}: a read found damage while the cache was in use ({first}); the "
@@ -132,6 +137,20 @@ def _finish(r: CheckResult) -> CheckResult:
 def _check_store(directory: str, r: CheckResult) -> int:
     path = os.path.join(directory, STORE_FILE)
     if not os.path.exists(path):
+        ready = path + ".ready"
+        if os.path.exists(ready):
+            # a rebuild killed after it moved the damaged store aside: the
+            # next open installs this one (SQLitePageStore.__init__)
+            conn = sqlite3.connect(read_only_uri(ready, True), uri=True)
+            try:
+                row = conn.execute(
+                    "SELECT value FROM meta WHERE name = 'checkpoint_lsn'").fetchone()
+            finally:
+                conn.close()
+            checkpoint = int(row[0]) if row else 0
+            r.note(f"{ready}: the store an interrupted rebuild prepared (checkpoint "
+                   f"{checkpoint}); the next open puts it in place")
+            return checkpoint
         r.note(f"{path}: no store yet (a cache that was never flushed)")
         return 0
     wal = path + "-wal"

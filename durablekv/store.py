@@ -429,6 +429,10 @@ class SQLitePageStore:
                 # the next rebuild prepares a new one
                 os.unlink(ready)
             else:  # ... killed after: the prepared store is installed now
+                # (anything the damaged store left behind is not the new one's)
+                for leftover in ("-wal", "-shm", ".damaged"):
+                    if os.path.exists(self.path + leftover):
+                        os.unlink(self.path + leftover)
                 os.replace(ready, self.path)
                 _fsync_parent(self.path)
         existed = os.path.exists(self.path)

@@ -807,6 +807,50 @@ def test_a_rebuild_killed_anywhere_loses_nothing_the_log_holds(tmp_path, monkeyp
     assert not (d / "pages.sqlite3.ready").exists()
 
 
+def test_a_rebuild_killed_as_it_moves_the_damaged_store_never_mixes_the_two(tmp_path,
+                                                                           monkeypatch):
+    """The damaged store's -wal goes aside before its main file, and its
+    damage marker after it; installing the prepared store removes anything
+    the damaged one left. Before, a kill between the main file's move and
+    its -wal's let SQLite apply the damaged store's WAL to the new store (a
+    malformed store, or the old contents, with check saying healthy)."""
+    import durablekv.cache as cache_mod
+
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        cache["old"] = 0                # checkpoint 1: the log starts at LSN 2
+    cache = Cache(d, **NEVER)
+    for i in range(50):
+        cache[f"k{i}"] = i
+    crash(cache)
+    (d / "pages.sqlite3.damaged").write_text("page 3 cannot be decoded\n")
+    (d / "pages.sqlite3-wal").write_bytes(b"the damaged store's WAL" * 100)
+    real_replace = os.replace
+
+    def killed_after_the_main_file(src, dst):
+        real_replace(src, dst)
+        if src.endswith("pages.sqlite3"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_mod.os, "replace", killed_after_the_main_file)
+    with pytest.raises(KeyboardInterrupt):
+        Cache(d, on_corruption="rebuild")
+    monkeypatch.undo()
+    names = set(os.listdir(d))
+    assert "pages.sqlite3-wal" not in names           # moved aside first
+    assert "pages.sqlite3.damaged" in names           # still to move: the kill came first
+    assert any(n.endswith(".corrupt-" + n.split(".corrupt-")[-1]) and n.endswith("-wal")
+               for n in names)
+    # check reads the prepared store's checkpoint, as the next open will
+    result = check_directory(str(d))
+    assert result.ok and any("interrupted rebuild prepared (checkpoint 1)" in line
+                             for line in result.lines), result.lines
+    with Cache(d) as cache:                           # installs the prepared store
+        assert dict(cache.items()) == {f"k{i}": i for i in range(50)}
+    assert check_directory(str(d)).ok
+    assert not (d / "pages.sqlite3.damaged").exists()
+
+
 STRAY_NAMES = ["replay-abc.log", "replay-1.log", "replay-000000000000000000001.log",
                "replay-+0000000000000000001.log", "replay-00000000000000000001.log.bak",
                "replay-00000000000000000001.LOG"]
