@@ -307,7 +307,14 @@ class WriteBehindBatcher:
             if snap.size < 2 or not _may_be_one_page(exc):
                 self._source.flush_failed(snap)
                 raise
-            failed = self._isolate(snap, list(range(snap.size)), set(range(snap.size)))
+            left = set(range(snap.size))
+            failed = self._isolate(snap, list(range(snap.size)), left)
+            waiting = [i for i, e in failed if isinstance(e, HeldKeyError)]
+            if waiting:
+                # Pages that waited for a page the halving had not tried yet:
+                # once more, now that every page that can be stored is.
+                failed = [f for f in failed if not isinstance(f[1], HeldKeyError)]
+                failed = sorted(failed + self._isolate(snap, waiting, left))
             if failed:
                 self._source.flush_failed(snap, [i for i, _ in failed])
                 # the cause, not a page that only waits for the failing one

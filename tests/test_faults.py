@@ -611,6 +611,40 @@ def test_a_long_flush_interval_does_not_stretch_the_back_off(tmp_path, monkeypat
     assert contents(tmp_path / "c") == {"a": 1}
 
 
+def test_br017_a_page_that_waited_for_a_page_tried_later_is_stored_in_the_same_flush(
+        tmp_path, monkeypatch):
+    """Page B took key k from page A; page C is the poison page. Halving
+    tries B (A still uncommitted: B must wait) before A (which commits): B
+    is tried once more at the end of the flush and stored, so only the
+    poison page is left."""
+    d = tmp_path / "c"
+    cache = Cache(d, page_size=2, max_pages=100, flush_interval=3600)
+    cache["a1"], cache["k"] = "A", "old"       # page A
+    cache["bad"], cache["c1"] = "x", "C"       # page C
+    cache.flush()
+    real = cache._store.write_batch
+
+    def write_batch(images, *args, **kwargs):
+        if any(b"bad" in img.data for img in images):
+            raise sqlite3.OperationalError("poison: cannot store this row")
+        return real(images, *args, **kwargs)
+
+    monkeypatch.setattr(cache._store, "write_batch", write_batch)
+    cache["b1"] = "B"                          # page B, dirty first
+    del cache["k"]                             # page A
+    cache["k"] = "new"                         # onto page B
+    cache["c1"] = "C2"                         # page C
+    pid = {key: cache._tier.table[key][0].page_id for key in ("b1", "a1", "c1")}
+    assert [p.page_id for p in cache._tier.dirty.values()] == [pid["b1"], pid["a1"], pid["c1"]]
+    with pytest.raises(WriteBehindError) as exc:
+        cache.flush()
+    assert f"page(s) [{pid['c1']}]" in str(exc.value)
+    assert cache.stats().dirty_pages == 1
+    cache._teardown(clean=False)
+    monkeypatch.undo()
+    assert contents(d) == {"a1": "A", "k": "new", "bad": "x", "c1": "C2", "b1": "B"}
+
+
 def test_br017_unserializable_value_is_refused_in_the_callers_thread(tmp_path):
     with Cache(tmp_path / "c") as cache:
         with pytest.raises(TypeError) as exc:
