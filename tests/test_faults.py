@@ -519,6 +519,19 @@ def test_br017_poison_page_is_isolated_and_the_rest_is_written(tmp_path, monkeyp
     assert contents(d) == {"good1": 1, "bad": 2, "good2": 3, "later": 4}
 
 
+def poison_pages_holding_bad(cache: Cache) -> None:
+    """From now on SQLite refuses (on this cache's connection) every flush
+    holding a page with the key "bad" (BR-017's poison page)."""
+    real = cache._store.write_batch
+
+    def write_batch(images, *args, **kwargs):
+        if any(b"bad" in img.data for img in images):
+            raise sqlite3.OperationalError("poison: cannot store this row")
+        return real(images, *args, **kwargs)
+
+    cache._store.write_batch = write_batch
+
+
 @pytest.mark.parametrize("first", ["bad", "k"])
 def test_br017_a_key_moved_off_the_poison_page_waits_for_it(tmp_path, first):
     """k moves from the poison page (deleted there) to a new page. Storing the
@@ -531,14 +544,7 @@ def test_br017_a_key_moved_off_the_poison_page_waits_for_it(tmp_path, first):
     cache["bad"] = "x"
     cache["k"] = "old"
     cache.flush()
-    real = cache._store.write_batch
-
-    def write_batch(images, *args, **kwargs):
-        if any(b"bad" in img.data for img in images):
-            raise sqlite3.OperationalError("poison: cannot store this row")
-        return real(images, *args, **kwargs)
-
-    cache._store.write_batch = write_batch
+    poison_pages_holding_bad(cache)
     cache["z"] = "zz"
     del cache["k"]
     cache["k"] = "new"   # on the page z opened
@@ -612,7 +618,7 @@ def test_a_long_flush_interval_does_not_stretch_the_back_off(tmp_path, monkeypat
 
 
 def test_br017_a_page_that_waited_for_a_page_tried_later_is_stored_in_the_same_flush(
-        tmp_path, monkeypatch):
+        tmp_path):
     """Page B took key k from page A; page C is the poison page. Halving
     tries B (A still uncommitted: B must wait) before A (which commits): B
     is tried once more at the end of the flush and stored, so only the
@@ -622,14 +628,7 @@ def test_br017_a_page_that_waited_for_a_page_tried_later_is_stored_in_the_same_f
     cache["a1"], cache["k"] = "A", "old"       # page A
     cache["bad"], cache["c1"] = "x", "C"       # page C
     cache.flush()
-    real = cache._store.write_batch
-
-    def write_batch(images, *args, **kwargs):
-        if any(b"bad" in img.data for img in images):
-            raise sqlite3.OperationalError("poison: cannot store this row")
-        return real(images, *args, **kwargs)
-
-    monkeypatch.setattr(cache._store, "write_batch", write_batch)
+    poison_pages_holding_bad(cache)
     cache["b1"] = "B"                          # page B, dirty first
     del cache["k"]                             # page A
     cache["k"] = "new"                         # onto page B
@@ -641,7 +640,6 @@ def test_br017_a_page_that_waited_for_a_page_tried_later_is_stored_in_the_same_f
     assert f"page(s) [{pid['c1']}]" in str(exc.value)
     assert cache.stats().dirty_pages == 1
     cache._teardown(clean=False)
-    monkeypatch.undo()
     assert contents(d) == {"a1": "A", "k": "new", "bad": "x", "c1": "C2", "b1": "B"}
 
 
