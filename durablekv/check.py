@@ -107,10 +107,9 @@ def check_directory(directory: str) -> CheckResult:
 def _check_contents(directory: str, r: CheckResult) -> None:
     marker = os.path.join(directory, STORE_FILE + ".damaged")
     store = os.path.join(directory, STORE_FILE)
-    if os.path.exists(marker) and not os.path.exists(store) and \
-            os.path.exists(store + ".ready"):
-        r.note(f"{marker}: left by the damaged store an interrupted rebuild moved aside; "
-               "the next open removes it")
+    if os.path.exists(marker) and not os.path.exists(store):
+        r.note(f"{marker}: left by a store that is gone (moved aside by a rebuild, or "
+               "deleted); the next open removes it")
     elif os.path.exists(marker):
         with open(marker, encoding="utf-8", errors="replace") as f:
             first = f.readline().strip()
@@ -152,6 +151,9 @@ def _check_store(directory: str, r: CheckResult) -> int:
                    f"{checkpoint}); the next open puts it in place")
             return checkpoint
         r.note(f"{path}: no store yet (a cache that was never flushed)")
+        if os.path.exists(path + "-wal"):
+            r.note(f"{path}-wal: left by a store that is gone; the next open removes it "
+                   "before it makes a new store")
         return 0
     wal = path + "-wal"
     # A read-only connection still creates -wal and -shm files beside a WAL

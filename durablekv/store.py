@@ -374,6 +374,19 @@ def _fsync_parent(path: str) -> None:
     _fsync_dir(os.path.dirname(path) or ".")
 
 
+def _remove_orphans(path: str) -> None:
+    """Before a new store is made at ``path``: remove what a store that is
+    gone left beside it (deleted to reset a cache, say). SQLite would apply
+    an old ``-wal`` to the new file, and an old damage marker would refuse
+    the new store at its next open."""
+    gone = [path + s for s in ("-wal", "-shm", ".damaged") if os.path.exists(path + s)]
+    for leftover in gone:
+        os.unlink(leftover)
+    if gone:
+        log.warning("%s is gone; removed what it left (%s) before making a new store",
+                    path, ", ".join(map(os.path.basename, gone)))
+
+
 def _nonempty(path: str) -> bool:
     try:
         return os.path.getsize(path) > 0
@@ -430,9 +443,7 @@ class SQLitePageStore:
                 os.unlink(ready)
             else:  # ... killed after: the prepared store is installed now
                 # (anything the damaged store left behind is not the new one's)
-                for leftover in ("-wal", "-shm", ".damaged"):
-                    if os.path.exists(self.path + leftover):
-                        os.unlink(self.path + leftover)
+                _remove_orphans(self.path)
                 os.replace(ready, self.path)
                 _fsync_parent(self.path)
         existed = os.path.exists(self.path)
@@ -455,6 +466,7 @@ class SQLitePageStore:
                 if not existed and not os.path.islink(self.path):
                     # (a dangling symlink is left to SQLite, which follows it
                     # or says it cannot; a rename would replace the link)
+                    _remove_orphans(self.path)
                     self._create(page_size, serializer)
                 self._w = self._connect(durability, busy_timeout)
                 getlimit = getattr(self._w, "getlimit", None)  # Python 3.11+

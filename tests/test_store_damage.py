@@ -98,6 +98,57 @@ def test_a_store_is_never_left_half_made(tmp_path, monkeypatch):
         assert cache["a"] == 1 and cache.page_size == 4
 
 
+def reset_by_hand(d: Path) -> None:
+    """What a user does to reset a cache: delete the store and the log."""
+    for name in os.listdir(d):
+        if name == STORE or name.startswith("replay-"):
+            os.unlink(d / name)
+
+
+def test_a_new_store_never_takes_the_wal_of_a_store_that_is_gone(tmp_path, capsys):
+    """A killed process leaves pages.sqlite3-wal; the user then deletes the
+    store and the log to reset the cache. SQLite applied that old WAL to the
+    new store: the reset cache served old keys, or counted keys it did not
+    have, and check said healthy."""
+    d = tmp_path / "c"
+    cache = Cache(d, flush_interval=3600)
+    for i in range(300):
+        cache[f"old{i}"] = i
+    cache.flush()
+    wal = (d / (STORE + "-wal")).read_bytes()
+    assert wal                              # the flush is in the WAL
+    cache._teardown(clean=False)
+    reset_by_hand(d)
+    (d / (STORE + "-wal")).write_bytes(wal)  # what the killed process left
+    assert main(["check", str(d)]) == 0
+    assert "-wal: left by a store that is gone" in capsys.readouterr().out
+    with Cache(d) as cache:
+        assert len(cache) == 0 and list(cache) == []
+        cache["new"] = 1
+    assert main(["check", str(d)]) == 0
+    capsys.readouterr()
+    with Cache(d) as cache:
+        assert dict(cache.items()) == {"new": 1}
+
+
+def test_a_damage_marker_of_a_store_that_is_gone_does_not_refuse_the_next_one(tmp_path,
+                                                                              capsys):
+    """A marker left beside a store deleted to reset the cache was ignored
+    while no store existed, then refused the new, healthy store at its
+    second open (and a rebuild then dropped its acknowledged writes)."""
+    d = tmp_path / "c"
+    with Cache(d) as cache:
+        cache["a"] = 1
+    (d / (STORE + ".damaged")).write_text("page 3 cannot be decoded\n")
+    reset_by_hand(d)
+    assert main(["check", str(d)]) == 0
+    assert "left by a store that is gone" in capsys.readouterr().out
+    with Cache(d) as cache:
+        cache["fresh"] = "ack"
+    with Cache(d) as cache:
+        assert dict(cache.items()) == {"fresh": "ack"}
+
+
 def test_rebuild_still_applies_the_replay_log(tmp_path):
     d = tmp_path / "c"
     cache = Cache(d, flush_interval=3600, flush_batch_pages=10**6)
