@@ -105,3 +105,12 @@ def owner_process(directory, close: bool = True) -> subprocess.Popen:
         proc.kill()
         raise AssertionError("the owner process did not open the cache")
     return proc
+
+
+def run_threads(target, n: int) -> None:
+    """Run ``target(i)`` in ``n`` threads at once and wait for them all."""
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

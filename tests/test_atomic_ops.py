@@ -12,7 +12,7 @@ import pytest
 
 from durablekv import Cache
 
-from .conftest import Clock, opened
+from .conftest import Clock, opened, run_threads
 
 
 def crash(cache: Cache) -> None:
@@ -68,11 +68,7 @@ def test_add_from_many_threads_has_exactly_one_winner(tmp_path, monkeypatch):
                 barrier.wait()
                 if c.add(key, i):
                     won.append(i)
-            threads = [threading.Thread(target=contender, args=(i,)) for i in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            run_threads(contender, 8)
             assert len(won) == 1 and c[key] == won[0], (key, won)
 
 

@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import durablekv
 from durablekv import Cache, CacheStats
 from durablekv.errors import (CacheClosedError, CacheLockedError, ConfigError, DurableKVError)
-from .conftest import open_cache, opened
+from .conftest import open_cache, opened, run_threads
 
 SHAPES = {
     "roomy": dict(),
@@ -754,11 +754,7 @@ def test_threads_share_one_cache(tmp_path):
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads(work, 6)
         assert errors == []
         assert len(c) == len(list(c))
         assert c.stats().resident_pages <= 3

@@ -434,6 +434,25 @@ def test_br003_a_step_back_is_remembered_across_a_reopen(tmp_path, how):
         assert c.get("n") is None and len(c) == 0
 
 
+def test_a_step_back_asks_for_an_urgent_cycle_which_stores_the_offset(tmp_path, monkeypatch):
+    """As the README says, a step back asks the write-behind for a flush at
+    once (an urgent kick, which the duty-cycle pause does not hold back);
+    that cycle stores the offset although no entry is dirty."""
+    clock = Clock(1000)
+    with opened(tmp_path / "c", clock=clock) as c:
+        c.set("k", "v", expire=100)
+        c.flush()
+        kicks = []
+        monkeypatch.setattr(c._batcher, "kick", lambda *a, **kw: kicks.append(kw))
+        clock.now = 0
+        c.get("k")
+        assert kicks == [{"urgent": True}]
+        assert c._store.ttl_clock == (0.0, -math.inf)
+        c._batcher.stop()          # run the cycle the kick asked for here
+        c._batcher.run_cycle()
+        assert c._store.ttl_clock == (1000.0, 1000.0)
+
+
 def test_a_clean_close_stores_the_offset_no_flush_has_stored(tmp_path, monkeypatch):
     """The step back asks for a flush, but the close may come first (here the
     batcher never gets the request): the close stores the offset itself."""
