@@ -441,15 +441,21 @@ class Cache(MutableMapping):
                                            sync_log=self.durability == "log",
                                            name=self.name, path=self.path)
         t0 = _REAL_MONOTONIC[0]()
-        result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
-        self.torn_records = result.torn_records
-        self.salvaged_bytes = result.salvaged_bytes
-        self._state = _OPEN
-        store.resume_snapshot()  # no commit runs until the batcher's first snapshot
-        self._batcher.start()
-        records = result.records
-        if records:
-            self._replay(records)
+        # Reading the log makes a tuple and two bytes objects per record:
+        # the collector would walk the growing list over and over.
+        with _gc_paused():
+            result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
+            self.torn_records = result.torn_records
+            self.salvaged_bytes = result.salvaged_bytes
+            self._state = _OPEN
+            store.resume_snapshot()  # no commit runs until the batcher's first snapshot
+            self._batcher.start()
+            recovered = len(result.records)
+            if recovered:
+                self._replay(result.records)
+            # Free the records before the collector runs again: it then
+            # walks only what the memory tier keeps.
+            result.records = []
         # The recovered records are now dirty pages in memory, and the log
         # keeps every segment that holds them until a checkpoint passes them
         # (fsynced by recover()), so open does not wait for SQLite: a crash
@@ -458,7 +464,7 @@ class Cache(MutableMapping):
         # aside the damaged segment, which holds the last records applied.
         # It moves only after that flush: a process killed before it then
         # meets the same damage at its next open, and loses nothing kept.
-        if records and (self.durability == "none" or result.salvaged):
+        if recovered and (self.durability == "none" or result.salvaged):
             self._batcher.flush_until(self._last_lsn)
         if result.salvaged:
             self._log.set_aside(result)
@@ -468,10 +474,10 @@ class Cache(MutableMapping):
             self._log = None
         else:
             self._log.start(self._last_lsn + 1)
-        self.recovered_records = len(result.records)
+        self.recovered_records = recovered
         self.recovery_seconds = _REAL_MONOTONIC[0]() - t0
-        if result.records:
-            log.info("recovered %d log records in %.3f s for %s", len(result.records),
+        if recovered:
+            log.info("recovered %d log records in %.3f s for %s", recovered,
                      self.recovery_seconds, self.path)
         _open_caches[id(self)] = self
 
