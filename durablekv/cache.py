@@ -33,7 +33,7 @@ import time
 import warnings
 import weakref
 from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
-from itertools import repeat
+from itertools import count, repeat
 from typing import Any, Callable, Iterator
 
 from . import codec as _codec
@@ -79,6 +79,12 @@ _OP_OF, _KEY_OF, _VALUE_OF, _EXPIRE_OF = (operator.itemgetter(i) for i in range(
 _FILTER_SLICE = 4096
 #: Pages read from the store per statement when recovery faults pages in.
 _FAULT_BATCH = 256
+
+
+def _count_of(counter: count) -> int:
+    """How many values ``counter`` (an ``itertools.count()`` from 0, step 1)
+    has given: its repr is ``count(N)``, the next value."""
+    return int(repr(counter)[6:-1])
 
 
 @contextlib.contextmanager
@@ -432,7 +438,9 @@ class Cache(MutableMapping):
         self._failure: BaseException | None = None
         self._memory_hits = self._store_hits = self._misses = 0
         self._sets = self._deletes = self._expirations = 0
-        self._memory_hits_base = 0
+        # memory hits of get()'s unlocked path: next() on a count is atomic
+        # under the GIL, where `+= 1` on an attribute is not
+        self._unlocked_hits = count()
         # The log exists in every mode at recovery time: a directory last used
         # with durability="log" may hold records that must be replayed.
         self._log = ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes)
@@ -1000,7 +1008,10 @@ class Cache(MutableMapping):
     def get(self, key: Any, default: Any = None) -> Any:
         """Return the value for ``key``, or ``default`` when missing or expired.
 
-        A memory hit costs a dict lookup and an LRU touch; a key whose page is
+        A memory hit on an entry with no TTL takes no lock: a page-table
+        lookup, an LRU touch and a second lookup that checks the entry did
+        not move meanwhile (an optimistic read, validated afterwards as a
+        seqlock reader is). Anything else takes the lock: a key whose page is
         not resident is found through the SQLite key index and its page is
         faulted in (a ``store`` hit).
 
@@ -1008,6 +1019,28 @@ class Cache(MutableMapping):
             an unhashable key).
         :raises CacheClosedError: the cache is closed.
         """
+        if self._state is _OPEN:
+            table = self._table
+            try:
+                ref = table.get(key)
+            except TypeError:
+                ref = None  # the locked path raises the TypeError set() gives
+            if ref is not None:
+                page, slot = ref
+                if page.expires[slot] is None and page.state == RESIDENT:
+                    page.stamp = next(self._ticks)
+                    v = page.values[slot]
+                    # The entry may have moved (removed, evicted, its slot
+                    # reused) between the two lookups: every placement makes
+                    # a new (page, slot) tuple, so the same tuple means the
+                    # slot held this key throughout and ``v`` is its value.
+                    if table.get(key) is ref:
+                        next(self._unlocked_hits)
+                        return v if type(v) is not _Frozen else self._codec.decode(v.blob)
+        return self._get_locked(key, default)
+
+    def _get_locked(self, key: Any, default: Any) -> Any:
+        """:meth:`get` under the lock: expiry, page faults, misses."""
         with self._lock:
             if self._state is not _OPEN:
                 self._check_open()
@@ -1579,8 +1612,9 @@ class Cache(MutableMapping):
                 first = next(iter(dirty.values()))
                 if first.dirty_since is not None:
                     oldest = max(0.0, _REAL_MONOTONIC[0]() - first.dirty_since)
+            memory_hits = self._memory_hits + _count_of(self._unlocked_hits)
             s = dict(
-                hits=self._memory_hits + self._store_hits, memory_hits=self._memory_hits,
+                hits=memory_hits + self._store_hits, memory_hits=memory_hits,
                 store_hits=self._store_hits, misses=self._misses, sets=self._sets,
                 deletes=self._deletes, evictions=tier.evictions, page_faults=tier.page_faults,
                 expirations=self._expirations, pending_pages=tier.pending,

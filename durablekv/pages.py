@@ -184,10 +184,12 @@ class MemoryTier:
             filed, page = heap[0]
             if page.heap_stamp != filed:
                 heappop(heap)  # the page left residency after this entry was filed
-            elif page.stamp != filed:
+            elif (stamp := page.stamp) != filed:
                 # used since it was filed: re-file it under its current stamp
-                page.heap_stamp = page.stamp
-                heapreplace(heap, (page.stamp, page))
+                # (read once: a get touches pages without the lock, and the
+                # heap entry must match heap_stamp)
+                page.heap_stamp = stamp
+                heapreplace(heap, (stamp, page))
             else:
                 heappop(heap)
                 page.heap_stamp = -1

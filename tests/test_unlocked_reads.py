@@ -1,0 +1,189 @@
+"""A memory hit takes no lock (Cache.get's optimistic read).
+
+The read looks the key up, reads the slot, and looks the key up again: the
+same (page, slot) tuple both times means the slot held this key throughout.
+These tests force the interleavings the check exists for, count hits made
+from many threads at once, and race reads against writes and evictions with
+a tiny switch interval so that threads change places between any two steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from heapq import heappush
+from itertools import count
+
+import pytest
+
+from durablekv.pages import RESIDENT, MemoryTier, Page
+
+from .conftest import opened, run_threads
+
+
+class _RacingTable:
+    """Stands in for the cache's page table on get()'s path: the first lookup
+    of ``key`` returns its (page, slot) and then runs ``race`` before get()
+    goes on, as another thread switching in right there would."""
+
+    def __init__(self, table: dict, key, race) -> None:
+        self.table, self.key, self.race = table, key, race
+
+    def get(self, key, default=None):
+        ref = self.table.get(key, default)
+        if key == self.key and self.race is not None:
+            race, self.race = self.race, None
+            race()
+        return ref
+
+
+def test_a_slot_reused_between_the_two_lookups_is_never_read_as_the_keys_value(cache_dir):
+    with opened(cache_dir, page_size=1, max_pages=8) as c:
+        c.set("a", b"value of a")
+        tier = c._tier
+        page, slot = tier.table["a"]
+
+        def race() -> None:
+            # delete a, and let b take its page and slot
+            c.delete("a")
+            c.set("b", b"value of b")
+            assert tier.table["b"] == (page, slot) and page.state == RESIDENT
+
+        c._table = _RacingTable(tier.table, "a", race)
+        assert c.get("a", "missing") == "missing"
+        assert c["b"] == b"value of b"
+
+
+def test_an_overwrite_between_the_two_lookups_gives_the_old_or_the_new_value(cache_dir):
+    with opened(cache_dir, page_size=4, max_pages=8) as c:
+        c.set("a", b"old")
+        c._table = _RacingTable(c._tier.table, "a", lambda: c.set("a", b"new"))
+        assert c.get("a") == b"new"   # the overwrite keeps the slot: read after it
+        assert c.stats().memory_hits == 1
+
+
+def test_an_eviction_between_the_two_lookups_falls_back_to_the_locked_path(cache_dir):
+    with opened(cache_dir, page_size=1, max_pages=2) as c:
+        c.set("a", b"value of a")
+        c.flush()
+
+        def race() -> None:
+            c.set("b", b"1")
+            c.set("c", b"2")   # a is the LRU page: evicted, and clean, so dropped
+            assert "a" not in c._tier.table
+
+        c._table = _RacingTable(c._tier.table, "a", race)
+        assert c.get("a") == b"value of a"   # found through the store
+        assert c.stats().store_hits == 1
+
+
+def test_hits_from_many_threads_are_all_counted(cache_dir):
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with opened(cache_dir, page_size=16, max_pages=64) as c:
+            keys = [f"k{i}" for i in range(200)]
+            for k in keys:
+                c.set(k, k.encode())
+            before = c.stats().memory_hits
+
+            def reader(_i: int) -> None:
+                for _ in range(25):
+                    for k in keys:
+                        assert c.get(k) == k.encode()
+
+            run_threads(reader, 4)
+            assert c.stats().memory_hits - before == 4 * 25 * len(keys)
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _check_lru_heap(tier: MemoryTier) -> None:
+    """Every resident page has exactly the heap entry its heap_stamp names."""
+    live = {}
+    for filed, page in tier.heap:
+        if page.heap_stamp == filed:
+            assert page.page_id not in live, "two live heap entries for one page"
+            live[page.page_id] = page
+    resident = [p for p in tier.pages.values() if p.state == RESIDENT]
+    assert sorted(p.page_id for p in resident) == sorted(live)
+    assert len(resident) == tier.resident <= tier.max_pages
+
+
+def test_gets_racing_sets_deletes_and_evictions_never_see_another_keys_value(cache_dir):
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with opened(cache_dir, page_size=2, max_pages=6, flush_batch_pages=2) as c:
+            keys = [f"key{i}" for i in range(40)]
+            wrong: list = []
+
+            def worker(i: int) -> None:
+                if i == 0:  # the writer: overwrite, delete, set anew; evicts pages
+                    for n in range(3_000):
+                        k = keys[n % len(keys)]
+                        if n % 7 == 3:
+                            c.delete(k)
+                        else:
+                            c.set(k, f"{k}={n}".encode())
+                    return
+                for n in range(6_000):
+                    k = keys[(n * 7 + i) % len(keys)]
+                    v = c.get(k)
+                    if v is not None and not v.startswith(f"{k}=".encode()):
+                        wrong.append((k, v))
+
+            run_threads(worker, 3)
+            assert wrong == []
+            _check_lru_heap(c._tier)
+            for n in range(3_000 - len(keys), 3_000):  # the writer's last change to each key
+                k = keys[n % len(keys)]
+                assert c.get(k) == (None if n % 7 == 3 else f"{k}={n}".encode())
+    finally:
+        sys.setswitchinterval(old)
+
+
+class _TouchedPage(Page):
+    """A page that another thread touches right after the second read of its
+    stamp (the interleaving that made the heap entry and heap_stamp differ
+    when re-filing read the stamp twice)."""
+
+    __slots__ = ("_stamp", "reads")
+
+    @property
+    def stamp(self) -> int:
+        self.reads += 1
+        value = self._stamp
+        if self.reads == 2:
+            self._stamp += 1
+        return value
+
+    @stamp.setter
+    def stamp(self, value: int) -> None:
+        self._stamp = value
+
+
+def test_a_page_touched_while_it_is_re_filed_keeps_one_live_heap_entry():
+    tier = MemoryTier(page_size=1, max_pages=1)
+    tier.ticks = count(100)
+    page = _TouchedPage(1, 1)
+    page.reads = 0
+    page.stamp = 9            # touched since it was filed under 5
+    page.heap_stamp = 5
+    tier.pages[1] = page
+    heappush(tier.heap, (5, page))
+    tier.resident = 1
+    other = Page(2, 1)
+    tier.pages[2] = other
+    tier.make_resident(other)   # over max_pages: re-files `page`, then evicts one
+    assert page.reads >= 2
+    _check_lru_heap(tier)
+
+
+@pytest.mark.parametrize("key", [["unhashable"], {"a": 1}])
+def test_an_unhashable_key_still_gets_the_type_error_set_gives(cache_dir, key):
+    with opened(cache_dir) as c:
+        with pytest.raises(TypeError) as got:
+            c.get(key)
+        with pytest.raises(TypeError) as want:
+            c.set(key, b"v")
+        assert str(got.value) == str(want.value)
