@@ -1027,7 +1027,8 @@ class Cache(MutableMapping):
                 ref = None  # the locked path raises the TypeError set() gives
             if ref is not None:
                 page, slot = ref
-                if page.expires[slot] is None and page.state == RESIDENT:
+                if (page.ttl_n == 0 or page.expires[slot] is None) and \
+                        page.state == RESIDENT:
                     page.stamp = next(self._ticks)
                     v = page.values[slot]
                     # The entry may have moved (removed, evicted, its slot

@@ -58,6 +58,8 @@ class Page:
         is :data:`EMPTY` for a free slot; ``expires[i]`` is absolute epoch
         seconds or None.
     :ivar used: slots in use.
+    :ivar ttl_n: slots in use whose ``expires`` is not None. A get reads it
+        instead of the slot's expiry when it is 0, one list less to touch.
     :ivar version: bumped by every change (dirty tracking by version).
     :ivar keys_version: bumped when the set of keys or an expire_at changes,
         so a flush can skip rewriting the key index for value-only changes.
@@ -71,7 +73,7 @@ class Page:
     """
 
     __slots__ = ("page_id", "keys", "values", "expires", "used", "version",
-                 "keys_version", "state", "dirty_since", "stored_n",
+                 "keys_version", "state", "ttl_n", "dirty_since", "stored_n",
                  "stored_ttl_n", "stored_keys_version", "free_slots", "dirty_lsn",
                  "flight_lsn", "nbytes", "stamp", "heap_stamp")
 
@@ -88,6 +90,7 @@ class Page:
         else:
             self.keys, self.values, self.expires = full
             self.free_slots = []
+        self.ttl_n = 0 if full is None else page_size - full[2].count(None)
         self.used = 0
         self.version = 0
         self.keys_version = 0
@@ -255,6 +258,7 @@ class MemoryTier:
                 pe[slot] = exp
             taken = set(slots)
             page.free_slots = [s for s in range(self.page_size - 1, -1, -1) if s not in taken]
+            page.ttl_n = n - expires.count(None)
         self.table.update(zip(keys, zip(repeat(page), slots)))
         page.used = n
         page.stored_n = n
@@ -316,6 +320,8 @@ class MemoryTier:
         page.keys[slot] = key
         page.values[slot] = held
         page.expires[slot] = expire_at
+        if expire_at is not None:
+            page.ttl_n += 1
         page.used += 1
         page.keys_version += 1
         self.table[key] = (page, slot)
@@ -373,6 +379,7 @@ class MemoryTier:
                     pv[slot] = held[j]
                     pe[slot] = expires[j]
             table.update(zip(keys[i:end], zip(repeat(page), slots)))
+            page.ttl_n += k - expires[i:end].count(None)
             page.used += k
             page.nbytes += size
             page.keys_version += 1
@@ -391,8 +398,10 @@ class MemoryTier:
         """Overwrite the entry in ``slot`` (the key stays as first stored)."""
         page.values[slot] = held
         page.nbytes += nbytes
-        if page.expires[slot] != expire_at:
+        old = page.expires[slot]
+        if old != expire_at:
             page.expires[slot] = expire_at
+            page.ttl_n += (expire_at is not None) - (old is not None)
             page.keys_version += 1
         self.mark_dirty(page, now, lsn)
 
@@ -401,7 +410,9 @@ class MemoryTier:
         page, slot = self.table.pop(key)
         page.keys[slot] = EMPTY
         page.values[slot] = None
-        page.expires[slot] = None
+        if page.expires[slot] is not None:
+            page.expires[slot] = None
+            page.ttl_n -= 1
         page.used -= 1
         page.keys_version += 1
         page.free_slots.append(slot)

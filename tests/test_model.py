@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from durablekv import Cache
+from durablekv.pages import EMPTY
 from .conftest import Clock
+
+_ABSENT = object()
+#: every key KEYS can draw
+ALL_KEYS = list(range(-3, 13)) + ["a", "b", "1", b"a", (1, "x"), 2.5, True, None, (1.0, "x")]
 
 KEYS = st.one_of(st.integers(-3, 12), st.sampled_from(["a", "b", "1", b"a", (1, "x"), 2.5,
                                                        True, None, (1.0, "x")]))
@@ -118,6 +123,13 @@ class CacheVsDict(RuleBasedStateMachine):
         assert dict(self.cache.items()) == self.model
         st_ = self.cache.stats()
         assert st_.resident_pages <= self.opts["max_pages"]
+        # get() (whose memory hits read a page's TTL count, not the slot's
+        # expiry, when the count is 0) agrees too, expired entries included
+        for key in ALL_KEYS:
+            assert self.cache.get(key, _ABSENT) == self.model.get(key, _ABSENT)
+        for page in self.cache._tier.pages.values():
+            assert page.ttl_n == sum(k is not EMPTY and e is not None
+                                     for k, e in zip(page.keys, page.expires)), page
 
 
 TestCacheVsDict = CacheVsDict.TestCase
