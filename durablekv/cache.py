@@ -1130,7 +1130,8 @@ class Cache(MutableMapping):
                 ref = tier.table.get(key)
                 if ref is not None:
                     page, slot = ref
-                    if page.expires[slot] is None and page.state == RESIDENT and \
+                    if (page.ttl_n == 0 or page.expires[slot] is None) and \
+                            page.state == RESIDENT and \
                             page.nbytes + nbytes <= _pages.PAGE_BYTES_LIMIT:
                         # The hot path: overwrite a live, resident entry. Same
                         # steps as _append + MemoryTier.update, without the calls.
