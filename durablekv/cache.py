@@ -1035,7 +1035,10 @@ class Cache(MutableMapping):
                     # reused) between the two lookups: every placement makes
                     # a new (page, slot) tuple, so the same tuple means the
                     # slot held this key throughout and ``v`` is its value.
-                    if table.get(key) is ref:
+                    # An overwrite that gave it an expiry meanwhile stored
+                    # the expiry first (MemoryTier.update): check it again.
+                    if table.get(key) is ref and \
+                            (page.ttl_n == 0 or page.expires[slot] is None):
                         next(self._unlocked_hits)
                         return v if type(v) is not _Frozen else self._codec.decode(v.blob)
         return self._get_locked(key, default)

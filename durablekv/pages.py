@@ -135,7 +135,10 @@ class MemoryTier:
     taken if its stamp is still the filed one, else re-filed under its
     current stamp (lazy promotion, as in a timestamp-ordered LRU heap). The
     victim is always the page with the smallest stamp: an exact LRU, so
-    ``page_size=1`` behaves exactly like an entry-level LRU. Each resident
+    ``page_size=1`` behaves exactly like an entry-level LRU. (Exact in the
+    order the touches are stored: a get touches without the lock, and a
+    thread switched out between drawing its tick and storing it can store
+    an older tick over a newer one, so that page looks older than it is.) Each resident
     page has one live heap entry; entries of pages that left residency are
     dropped when they surface (or when the heap is rebuilt).
     """
@@ -395,14 +398,27 @@ class MemoryTier:
 
     def update(self, page: Page, slot: int, held: Any, expire_at: float | None,
                now: float, lsn: int, nbytes: int) -> None:
-        """Overwrite the entry in ``slot`` (the key stays as first stored)."""
-        page.values[slot] = held
-        page.nbytes += nbytes
+        """Overwrite the entry in ``slot`` (the key stays as first stored).
+
+        A get reads a slot without the lock when the page has no TTL entry
+        or the slot has no expiry, and checks that again after reading the
+        value (see ``Cache.get``). So a value that gets an expiry is written
+        after the expiry, and a value that loses one before the expiry goes:
+        such a read never returns a value without the expiry it has."""
         old = page.expires[slot]
-        if old != expire_at:
+        if old == expire_at:
+            page.values[slot] = held
+        elif expire_at is not None:
             page.expires[slot] = expire_at
-            page.ttl_n += (expire_at is not None) - (old is not None)
+            page.ttl_n += old is None
+            page.values[slot] = held
+        else:
+            page.values[slot] = held
+            page.expires[slot] = None
+            page.ttl_n -= 1
+        if old != expire_at:
             page.keys_version += 1
+        page.nbytes += nbytes
         self.mark_dirty(page, now, lsn)
 
     def remove(self, key: Any, now: float, lsn: int) -> tuple[Page, int]:

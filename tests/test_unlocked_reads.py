@@ -17,7 +17,7 @@ import pytest
 
 from durablekv.pages import RESIDENT, MemoryTier, Page
 
-from .conftest import opened, run_threads
+from .conftest import Clock, opened, run_threads
 
 
 class _RacingTable:
@@ -74,6 +74,36 @@ def test_an_eviction_between_the_two_lookups_falls_back_to_the_locked_path(cache
         c._table = _RacingTable(c._tier.table, "a", race)
         assert c.get("a") == b"value of a"   # found through the store
         assert c.stats().store_hits == 1
+
+
+class _RacingTicks:
+    """Stands in for the LRU tick counter: the next tick drawn runs ``race``
+    first. get() draws it after checking the slot's expiry and before
+    reading the value."""
+
+    def __init__(self, ticks, race) -> None:
+        self.ticks, self.race = ticks, race
+
+    def __next__(self) -> int:
+        if self.race is not None:
+            race, self.race = self.race, None
+            race()
+        return next(self.ticks)
+
+
+def test_an_overwrite_with_an_expiry_during_the_read_is_never_served_unexpired(cache_dir):
+    # At 1.7e9 s a TTL of 1e-7 s rounds away (expire_at == now): the entry
+    # is expired as it is stored, so its value is never live.
+    clock = Clock(1.7e9)
+    with opened(cache_dir, page_size=4, max_pages=8, clock=clock) as c:
+        c.set("b", b"old")
+        c.set("b", b"never live", expire=1e-7)
+        assert c.get("b") is None
+        c.set("a", b"old")
+        c._ticks = _RacingTicks(c._tier.ticks,
+                                lambda: c.set("a", b"never live", expire=1e-7))
+        assert c.get("a") is None
+        assert c.get("a") is None
 
 
 def test_hits_from_many_threads_are_all_counted(cache_dir):
