@@ -28,6 +28,7 @@ import math
 import operator
 import os
 import struct
+import sys
 import threading
 import time
 import warnings
@@ -1792,6 +1793,16 @@ class Cache(MutableMapping):
                 self._tier.flush_failed(snap.items[i][0])
             self._store.resume_snapshot()
             self._cond.notify_all()
+
+
+if not getattr(sys, "_is_gil_enabled", lambda: True)():
+    # Free-threaded CPython: get's unlocked memory hit relies on the GIL
+    # (see docs/architecture.md, "Threads and locks"), so every get locks.
+    def _get_with_lock(self: Cache, key: Any, default: Any = None) -> Any:
+        return self._get_locked(key, default)
+
+    _get_with_lock.__doc__ = Cache.get.__doc__
+    Cache.get = _get_with_lock  # type: ignore[method-assign]
 
 
 def _check_counter_args(op: str, delta: Any, default: Any) -> None:

@@ -9,6 +9,7 @@ a tiny switch interval so that threads change places between any two steps.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from heapq import heappush
 from itertools import count
@@ -17,7 +18,7 @@ import pytest
 
 from durablekv.pages import RESIDENT, MemoryTier, Page
 
-from .conftest import Clock, opened, run_threads
+from .conftest import REPO, Clock, opened, run_threads
 
 
 class _RacingTable:
@@ -217,3 +218,24 @@ def test_an_unhashable_key_still_gets_the_type_error_set_gives(cache_dir, key):
         with pytest.raises(TypeError) as want:
             c.set(key, b"v")
         assert str(got.value) == str(want.value)
+
+
+def test_without_the_gil_every_get_takes_the_lock(tmp_path):
+    code = (
+        "import sys\n"
+        "sys._is_gil_enabled = lambda: False\n"
+        "from durablekv import Cache\n"
+        "assert Cache.get.__name__ == '_get_with_lock', Cache.get\n"
+        "with Cache(sys.argv[1]) as c:\n"
+        "    c.set('a', b'1')\n"
+        "    class LockedOnly:\n"
+        "        def get(self, key, default=None):\n"
+        "            assert c._lock.locked(), 'a page-table read without the lock'\n"
+        "            return c._tier.table.get(key, default)\n"
+        "    c._table = LockedOnly()\n"
+        "    assert c.get('a') == b'1' and c['a'] == b'1' and c.get('b', 2) == 2\n"
+        "    assert c.stats().memory_hits == 2\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")], capture_output=True,
+                         text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
