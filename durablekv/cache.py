@@ -28,7 +28,7 @@ import math
 import operator
 import os
 import struct
-import sys
+import sysconfig
 import threading
 import time
 import warnings
@@ -1795,9 +1795,11 @@ class Cache(MutableMapping):
             self._cond.notify_all()
 
 
-if not getattr(sys, "_is_gil_enabled", lambda: True)():
-    # Free-threaded CPython: get's unlocked memory hit relies on the GIL
-    # (see docs/architecture.md, "Threads and locks"), so every get locks.
+if sysconfig.get_config_var("Py_GIL_DISABLED"):
+    # A free-threaded CPython build: get's unlocked memory hit relies on the
+    # GIL (see docs/architecture.md, "Threads and locks"), so every get
+    # locks. The build decides, not whether the GIL is on at import: such a
+    # build may run with the GIL on or off, and may switch it on later.
     def _get_with_lock(self: Cache, key: Any, default: Any = None) -> Any:
         return self._get_locked(key, default)
 

@@ -381,8 +381,8 @@ class MemoryTier:
                     pk[slot] = keys[j]
                     pv[slot] = held[j]
                     pe[slot] = expires[j]
+            page.ttl_n += k - expires[i:end].count(None)  # before the keys can be found
             table.update(zip(keys[i:end], zip(repeat(page), slots)))
-            page.ttl_n += k - expires[i:end].count(None)
             page.used += k
             page.nbytes += size
             page.keys_version += 1
