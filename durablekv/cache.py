@@ -1532,6 +1532,19 @@ class Cache(MutableMapping):
             except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
                 error = exc
         self._teardown(clean=error is None and not failed)
+        if isinstance(error, WriteBehindError):
+            # The batcher's message says the pages are retried; not after close.
+            if self.durability == "none":
+                fate = ("the writes it had not stored are lost (durability='none' keeps "
+                        "no replay log)")
+            else:
+                fate = ("its replay log is kept, and the next open replays every "
+                        "acknowledged write")
+            raise WriteBehindError(
+                self.path, error.cause,
+                f"close(): the final flush to {self.path!r} failed: {error.cause!r}; the "
+                f"cache is closed and {fate}. Check disk space and whether another "
+                "process holds a lock on the store") from error
         if error is not None:
             raise error
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from durablekv import (Cache, CacheFailedError, FlushTimeoutError, LogWriteError,
+from durablekv import (Cache, CacheClosedError, CacheFailedError, FlushTimeoutError, LogWriteError,
                        WriteBehindError)
 from durablekv.check import check_directory
 from durablekv.replaylog import ReplayLog, list_segments
@@ -349,6 +349,30 @@ def test_br017_failing_flush_raises_and_recovers_when_the_fault_clears(tmp_path,
     for seg in list_segments(str(d)):
         os.unlink(seg)
     assert contents(d) == {f"k{i}": i for i in range(10)}
+
+
+@pytest.mark.parametrize("durability", ["log", "none"])
+def test_a_close_whose_final_flush_fails_says_what_became_of_the_writes(tmp_path, monkeypatch,
+                                                                        durability):
+    """The batcher's error says the pages are retried; after close() nothing
+    is: the error says the cache is closed, and what the next open finds."""
+    d = tmp_path / "c"
+    cache = Cache(d, durability=durability, flush_interval=3600)
+    failing_store(monkeypatch, cache, "database or disk is full")
+    cache["a"] = 1
+    with pytest.raises(WriteBehindError) as exc:
+        cache.close()
+    msg = str(exc.value)
+    assert "close(): the final flush" in msg and "disk is full" in msg
+    assert "retried" not in msg and cache.closed
+    with pytest.raises(CacheClosedError):
+        cache.get("a")
+    if durability == "log":
+        assert "the next open replays every acknowledged write" in msg
+        assert contents(d) == {"a": 1}
+    else:
+        assert "are lost (durability='none' keeps no replay log)" in msg
+        assert contents(d) == {}
 
 
 def test_backpressure_refuses_writes_while_the_store_fails(tmp_path, monkeypatch):
