@@ -35,6 +35,7 @@ import warnings
 import weakref
 from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
 from itertools import count, repeat
+from numbers import Number
 from typing import Any, Callable, Iterator
 
 from . import codec as _codec
@@ -1916,11 +1917,23 @@ class _ValuesView(ValuesView):
 
 
 def _check_expire(expire: Any) -> float | None:
+    """``expire`` as float seconds. Any real number is taken (int, float,
+    Decimal, Fraction, a NumPy scalar); bool and complex are not.
+
+    :raises TypeError: not a real number.
+    :raises ValueError: negative, NaN, infinite, or too big for a float."""
     if expire is None:
         return None
-    if type(expire) is bool or not isinstance(expire, (int, float)):
-        raise TypeError(f"expire must be a number of seconds or None, got {type(expire).__name__}")
-    expire = float(expire)
+    if type(expire) is not float and type(expire) is not int:
+        if isinstance(expire, (bool, complex)) or not isinstance(expire, Number):
+            raise TypeError(f"expire must be a number of seconds or None, got "
+                            f"{type(expire).__name__}")
+    try:
+        expire = float(expire)
+    except (OverflowError, TypeError, ValueError):
+        raise ValueError(f"expire must be a finite number of seconds >= 0 (or None for no "
+                         f"expiry), got a {type(expire).__name__} too big for a "
+                         "float") from None
     if math.isnan(expire) or math.isinf(expire) or expire < 0:
         raise ValueError(f"expire must be a finite number of seconds >= 0 (or None for no "
                          f"expiry), got {expire!r}")

@@ -9,6 +9,8 @@ clock. Nothing sleeps to let TTL time pass: it moves only when a test moves it.
 from __future__ import annotations
 
 import math
+from decimal import Decimal
+from fractions import Fraction
 import sqlite3
 import subprocess
 import sys
@@ -72,7 +74,8 @@ def test_br001_no_expiry_survives_far_future(tmp_path):
         assert c.get("c") == 3 and len(c) == 2
 
 
-@pytest.mark.parametrize("bad", [-1, -0.001, float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("bad", [-1, -0.001, float("nan"), float("inf"), -float("inf"), 10**400,
+                                 Decimal("NaN"), Decimal("-1")])
 def test_br001_bad_expire_is_a_valueerror_and_stores_nothing(tmp_path, bad):
     with opened(tmp_path / "c", clock=Clock(100)) as c:
         c.set("d", "old")
@@ -83,12 +86,23 @@ def test_br001_bad_expire_is_a_valueerror_and_stores_nothing(tmp_path, bad):
             c.memoize(expire=bad)
 
 
-@pytest.mark.parametrize("bad", ["1", True, [1]])
+@pytest.mark.parametrize("bad", ["1", True, [1], 1j])
 def test_expire_of_wrong_type_is_a_typeerror(tmp_path, bad):
     with opened(tmp_path / "c") as c:
         with pytest.raises(TypeError):
             c.set("d", 4, expire=bad)
         assert len(c) == 0
+
+
+@pytest.mark.parametrize("ttl", [Decimal("1.5"), Fraction(3, 2)])
+def test_expire_takes_any_real_number(tmp_path, ttl):
+    clock = Clock(100)
+    with opened(tmp_path / "c", clock=clock) as c:
+        c.set("d", 4, expire=ttl)
+        clock.now = 101.49
+        assert c.get("d") == 4
+        clock.now = 101.5
+        assert c.get("d") is None
 
 
 @pytest.mark.parametrize("check_at", [100.5, 101.0, 100.999])
