@@ -101,8 +101,10 @@ def _enc(obj: Any, out: list, allow_containers: bool, what: str) -> None:
                    "str, bytes, int, float, bool, None and tuples of these")
         hint = (" (pass serializer='pickle' to store arbitrary picklable objects)"
                 if allow_containers else "")
+        # "store" only for values: a key of this type is refused by reads too
+        doing = f"cannot store {what} of type" if allow_containers else f"unsupported {what} type"
         raise TypeError(
-            f"cannot store {what} of type {t.__module__}.{t.__qualname__}: "
+            f"{doing} {t.__module__}.{t.__qualname__}: "
             f"durablekv {what}s may be {allowed}{hint}")
 
 
