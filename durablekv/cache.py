@@ -81,6 +81,10 @@ _OP_OF, _KEY_OF, _VALUE_OF, _EXPIRE_OF = (operator.itemgetter(i) for i in range(
 _FILTER_SLICE = 4096
 #: Pages read from the store per statement when recovery faults pages in.
 _FAULT_BATCH = 256
+#: items()/values() take the lock once per this many keys in memory, or
+#: pages read from the store.
+_SCAN_BATCH = 1024
+_SCAN_BATCH_PAGES = 64
 
 
 def _count_of(counter: count) -> int:
@@ -786,6 +790,23 @@ class Cache(MutableMapping):
             detail = f"the key index points at page {pid}, which is missing"
             mark_damaged(self._store.path, detail)
             raise CorruptStoreError(self._store.path, detail)
+        slots, keys, values, expires = self._decode_page(pid, row)
+        table = self._tier.table
+        if not table.keys().isdisjoint(keys):
+            key = next(k for k in keys if k in table)
+            detail = f"page {pid} holds key {key!r}, which lives in another page"
+            mark_damaged(self._store.path, detail)
+            raise CorruptStoreError(self._store.path, detail)
+        return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
+
+    def _decode_page(self, pid: int, row: tuple[int, bytes]
+                     ) -> tuple[list[int], list[Any], list[Any], list[float | None]]:
+        """``(slots, keys, values, expires)`` of a stored page (``row`` =
+        ``(n_entries, blob)``), values in their memory form.
+
+        :raises CorruptStoreError: the page cannot be decoded, or disagrees
+            with itself (the store is marked damaged).
+        """
         n, data = row
         from_blob = self._codec.memory_form_from_blob
         decode_key = _codec.decode_key
@@ -817,13 +838,7 @@ class Cache(MutableMapping):
             detail = f"page {pid} cannot be decoded: {exc}"
             mark_damaged(self._store.path, detail)
             raise CorruptStoreError(self._store.path, detail) from exc
-        table = self._tier.table
-        if not table.keys().isdisjoint(keys):
-            key = next(k for k in keys if k in table)
-            detail = f"page {pid} holds key {key!r}, which lives in another page"
-            mark_damaged(self._store.path, detail)
-            raise CorruptStoreError(self._store.path, detail)
-        return self._tier.install(pid, slots, keys, values, expires, len(data))
+        return slots, keys, values, expires
 
     def _ref(self, key: Any, now_fn=None) -> tuple[Page, int] | None:
         """(page, slot) of a live key, faulting its page in; None when absent.
@@ -1441,6 +1456,15 @@ class Cache(MutableMapping):
                             self._expire(k)
 
     def _snapshot_keys(self) -> list[Any]:
+        keys, stored = self._snapshot()
+        for group in stored.values():
+            keys += group
+        return keys
+
+    def _snapshot(self) -> tuple[list[Any], dict[int, list[Any]]]:
+        """The live keys now: those in memory, and those only in the store,
+        by page id."""
+        stored: dict[int, list[Any]] = {}
         with self._lock:
             self._check_open()
             now = None
@@ -1464,8 +1488,110 @@ class Cache(MutableMapping):
                             now = self._now()
                         if now >= e:
                             continue
-                    keys.append(decode(orig if orig is not None else ck))
-        return keys
+                    group = stored.get(pid)
+                    if group is None:
+                        group = stored[pid] = []
+                    group.append(decode(orig if orig is not None else ck))
+        return keys, stored
+
+    def _scan_items(self) -> Iterator[tuple[Any, Any]]:
+        """``(key, value)`` for a snapshot of the keys (``items()``, ``values()``).
+
+        A scan reads without disturbing the cache: a page only in the store
+        is decoded, not made resident; no page is touched in the LRU; no hit
+        or miss is counted. One pass over a cache bigger than its memory tier
+        would otherwise evict the working set and inflate the hit ratio (the
+        scan problem that LRU-K and 2Q address in buffer pools).
+
+        Entries are read a batch of keys (or store pages) at a time; each is
+        yielded only if no write has come since its batch was read (the LSN
+        has not moved) and it has not expired meanwhile, else it is looked up
+        again. So a key deleted during the iteration is not yielded after its
+        deletion, as when each key was read as it came. The lock is never
+        held across a ``yield``.
+        """
+        keys, stored = self._snapshot()
+        pids = list(stored)
+        batches = [(keys[i:i + _SCAN_BATCH], None) for i in range(0, len(keys), _SCAN_BATCH)]
+        batches += [(None, pids[i:i + _SCAN_BATCH_PAGES])
+                    for i in range(0, len(pids), _SCAN_BATCH_PAGES)]
+        for batch_keys, batch_pids in batches:
+            with self._lock:
+                self._check_open()
+                lsn, now = self._last_lsn, self._now()
+                if batch_keys is not None:
+                    found = [e for key in batch_keys
+                             if (e := self._scan_lookup(key, now)) is not None]
+                else:
+                    found = self._scan_pages(batch_pids, stored, now)
+            for key, value, expire_at in found:
+                with self._lock:
+                    self._check_open()
+                    now = self._now()
+                    if self._last_lsn != lsn:
+                        entry = self._scan_lookup(key, now)
+                        if entry is None:
+                            continue
+                        key, value, expire_at = entry
+                    elif expire_at is not None and now >= expire_at:
+                        continue
+                yield key, value
+
+    def _scan_pages(self, pids: list[int], stored: dict[int, list[Any]],
+                    now: float) -> list[tuple[Any, Any, float | None]]:
+        """:meth:`_scan_items` for the snapshot keys of store pages ``pids``:
+        each page not in memory is read and decoded once (lock held)."""
+        tier = self._tier
+        table = tier.table
+        rows = self._store.read_pages([p for p in pids if p not in tier.pages])
+        from_memory = self._codec.from_memory
+        found = []
+        for pid in pids:
+            row = rows.get(pid)
+            if row is None or pid in tier.pages:  # changed since the snapshot
+                found += [e for key in stored[pid]
+                          if (e := self._scan_lookup(key, now)) is not None]
+                continue
+            _slots, pkeys, values, expires = self._decode_page(pid, row)
+            where = dict(zip(pkeys, range(len(pkeys))))
+            for key in stored[pid]:
+                j = where.get(key)
+                if j is None or key in table:  # moved since the snapshot
+                    e = self._scan_lookup(key, now)
+                    if e is not None:
+                        found.append(e)
+                elif expires[j] is None or now < expires[j]:
+                    found.append((key, from_memory(values[j]), expires[j]))
+        return found
+
+    def _scan_lookup(self, key: Any, now: float) -> tuple[Any, Any, float | None] | None:
+        """``(key, value, expire_at)`` if ``key`` is live, read as
+        :meth:`_scan_items` reads (lock held): memory first (it is
+        authoritative), else the page the key index names, decoded but not
+        made resident."""
+        ref = self._tier.table.get(key)
+        if ref is not None:
+            page, slot = ref
+            e = page.expires[slot]
+            if e is not None and now >= e:
+                return None
+            return key, self._codec.from_memory(page.values[slot]), e
+        if self._clear_pending:
+            return None
+        found = self._store.find(_codec.canonical_key(key))
+        if found is None or found[0] in self._tier.pages:
+            return None  # gone, or its page is in memory and no longer holds it
+        if found[1] is None:
+            detail = f"the key index points at page {found[0]}, which is missing"
+            mark_damaged(self._store.path, detail)
+            raise CorruptStoreError(self._store.path, detail)
+        _slots, pkeys, values, expires = self._decode_page(found[0], found[1:])
+        for j, k in enumerate(pkeys):
+            if k == key:
+                if expires[j] is not None and now >= expires[j]:
+                    return None
+                return k, self._codec.from_memory(values[j]), expires[j]
+        return None
 
     def __iter__(self) -> Iterator[Any]:
         """Iterate over a snapshot of the keys taken when iteration starts.
@@ -1897,10 +2023,7 @@ class _Flight:
 
 class _ItemsView(ItemsView):
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        for key in self._mapping:
-            value = self._mapping.get(key, _MISSING)
-            if value is not _MISSING:
-                yield key, value
+        return self._mapping._scan_items()
 
 
 class _ValuesView(ValuesView):
@@ -1910,10 +2033,8 @@ class _ValuesView(ValuesView):
         return any(v is value or v == value for v in self)
 
     def __iter__(self) -> Iterator[Any]:
-        for key in self._mapping:
-            value = self._mapping.get(key, _MISSING)
-            if value is not _MISSING:
-                yield value
+        for _key, value in self._mapping._scan_items():
+            yield value
 
 
 def _check_expire(expire: Any) -> float | None:

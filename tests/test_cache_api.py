@@ -34,7 +34,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import durablekv
 from durablekv import Cache, CacheStats
 from durablekv.errors import (CacheClosedError, CacheLockedError, ConfigError, DurableKVError)
-from .conftest import open_cache, opened, run_threads
+from durablekv.pages import EMPTY
+from .conftest import Clock, open_cache, opened, run_threads
 
 SHAPES = {
     "roomy": dict(),
@@ -1059,3 +1060,65 @@ def test_an_intenum_or_strenum_key_reads_like_a_dict_and_writes_refuse_it(tmp_pa
                     write(key)
                 assert c.stats().last_lsn == lsn  # nothing logged
         assert {k: c[k] for k in stored} == stored
+
+
+def test_a_scan_of_items_and_values_leaves_the_memory_tier_and_the_counters_alone(tmp_path):
+    """One pass over a cache ten times its memory tier neither evicts the
+    working set nor counts as hits, page faults or misses."""
+    with Cache(tmp_path / "c", page_size=1, max_pages=10) as c:
+        for i in range(100):
+            c[i] = i * 10
+        c.flush()
+        hot = list(range(90, 100))
+        for k in hot:
+            assert c[k] == k * 10
+        before = c.stats()
+        lru = [p.keys[0] for p in c._tier.lru_order()]
+        assert sorted(lru) == hot
+        assert dict(c.items()) == {i: i * 10 for i in range(100)}
+        assert sorted(c.values()) == [i * 10 for i in range(100)]
+        assert 990 in c.values() and 991 not in c.values()
+        after = c.stats()
+        assert [p.keys[0] for p in c._tier.lru_order()] == lru
+        for field in ("hits", "memory_hits", "store_hits", "misses", "page_faults",
+                      "evictions"):
+            assert getattr(after, field) == getattr(before, field), field
+
+
+@pytest.mark.parametrize("where", ["memory", "store"])
+def test_a_scan_sees_writes_made_after_its_batch_was_read(tmp_path, monkeypatch, where):
+    """Entries are read a batch at a time; a write after the batch makes each
+    later entry of it be read again, so a deleted key is not yielded and a
+    changed one is yielded with its new value."""
+    import durablekv.cache as cache_mod
+    monkeypatch.setattr(cache_mod, "_SCAN_BATCH", 100)
+    monkeypatch.setattr(cache_mod, "_SCAN_BATCH_PAGES", 100)
+    with Cache(tmp_path / "c", page_size=2, max_pages=2 if where == "store" else 64) as c:
+        for i in range(20):
+            c[i] = i
+        c.flush()
+        in_memory = {k for p in c._tier.pages.values() for k in p.keys if k is not EMPTY}
+        later = sorted(set(range(20)) - in_memory) if where == "store" else sorted(in_memory)
+        it = iter(c.items())
+        first = next(it)
+        victims = [k for k in later if k != first[0]][:2]
+        del c[victims[0]]
+        c[victims[1]] = "changed"
+        rest = dict(it)
+        rest[first[0]] = first[1]
+        assert victims[0] not in rest and rest[victims[1]] == "changed"
+        assert len(rest) == 19
+
+
+def test_a_scan_skips_entries_that_expire_during_it(tmp_path):
+    clock = Clock(100)
+    with Cache(tmp_path / "c", page_size=2, max_pages=2, clock=clock) as c:
+        for i in range(10):
+            c.set(i, i, expire=5 if i % 2 else None)
+        c.flush()
+        it = iter(c.items())
+        got = [next(it)]
+        clock.now = 106
+        got += list(it)
+        assert {k for k, _ in got[1:]} <= {0, 2, 4, 6, 8}
+        assert {k for k, _ in got} >= {0, 2, 4, 6, 8}
