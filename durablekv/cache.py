@@ -791,13 +791,22 @@ class Cache(MutableMapping):
             mark_damaged(self._store.path, detail)
             raise CorruptStoreError(self._store.path, detail)
         slots, keys, values, expires = self._decode_page(pid, row)
+        self._check_disjoint(pid, keys)
+        return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
+
+    def _check_disjoint(self, pid: int, keys: list[Any]) -> None:
+        """A stored page that is not in memory cannot hold a key the memory
+        tier holds: a key leaves a page only while that page is in memory,
+        and the page stays there until a flush has stored it without the key.
+
+        :raises CorruptStoreError: it does (the store is marked damaged).
+        """
         table = self._tier.table
         if not table.keys().isdisjoint(keys):
             key = next(k for k in keys if k in table)
             detail = f"page {pid} holds key {key!r}, which lives in another page"
             mark_damaged(self._store.path, detail)
             raise CorruptStoreError(self._store.path, detail)
-        return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
 
     def _decode_page(self, pid: int, row: tuple[int, bytes]
                      ) -> tuple[list[int], list[Any], list[Any], list[float | None]]:
@@ -1543,7 +1552,10 @@ class Cache(MutableMapping):
         each page not in memory is read and decoded once (lock held)."""
         tier = self._tier
         table = tier.table
-        rows = self._store.read_pages([p for p in pids if p not in tier.pages])
+        # After a clear() the store's pages are stale until a flush wipes
+        # them: only memory holds entries then (_scan_lookup looks there).
+        rows = {} if self._clear_pending else \
+            self._store.read_pages([p for p in pids if p not in tier.pages])
         from_memory = self._codec.from_memory
         found = []
         for pid in pids:
@@ -1553,6 +1565,7 @@ class Cache(MutableMapping):
                           if (e := self._scan_lookup(key, now)) is not None]
                 continue
             _slots, pkeys, values, expires = self._decode_page(pid, row)
+            self._check_disjoint(pid, pkeys)
             where = dict(zip(pkeys, range(len(pkeys))))
             for key in stored[pid]:
                 j = where.get(key)
@@ -1586,6 +1599,7 @@ class Cache(MutableMapping):
             mark_damaged(self._store.path, detail)
             raise CorruptStoreError(self._store.path, detail)
         _slots, pkeys, values, expires = self._decode_page(found[0], found[1:])
+        self._check_disjoint(found[0], pkeys)
         for j, k in enumerate(pkeys):
             if k == key:
                 if expires[j] is not None and now >= expires[j]:

@@ -1122,3 +1122,18 @@ def test_a_scan_skips_entries_that_expire_during_it(tmp_path):
         got += list(it)
         assert {k for k, _ in got[1:]} <= {0, 2, 4, 6, 8}
         assert {k for k, _ in got} >= {0, 2, 4, 6, 8}
+
+
+def test_a_clear_during_a_scan_ends_it_with_what_memory_holds(tmp_path):
+    """After clear() the store's pages are stale until a flush wipes them:
+    the rest of the scan must not yield their entries."""
+    with Cache(tmp_path / "c", page_size=2, max_pages=2, flush_interval=3600) as c:
+        for i in range(20):
+            c[i] = i
+        c.flush()
+        it = iter(c.items())
+        next(it)
+        c.clear()
+        c[19] = "after the clear"
+        assert dict(it) in ({}, {19: "after the clear"})
+        assert dict(c.items()) == {19: "after the clear"}
