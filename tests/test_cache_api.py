@@ -1137,3 +1137,22 @@ def test_a_clear_during_a_scan_ends_it_with_what_memory_holds(tmp_path):
         c[19] = "after the clear"
         assert dict(it) in ({}, {19: "after the clear"})
         assert dict(c.items()) == {19: "after the clear"}
+
+
+def test_a_scan_reports_a_stored_page_holding_a_key_memory_holds(tmp_path):
+    import sqlite3
+    from durablekv import CorruptStoreError
+    d = tmp_path / "c"
+    with Cache(d, page_size=4, max_pages=1) as c:
+        for i in range(16):
+            c[f"k{i}"] = b"x" * 30
+    con = sqlite3.connect(d / "pages.sqlite3")
+    rows = dict(con.execute("SELECT page_id, data FROM pages").fetchall())
+    p1, p2 = sorted(rows)[:2]
+    con.execute("UPDATE pages SET data=? WHERE page_id=?", (rows[p1], p2))  # p2: p1's keys
+    con.commit()
+    con.close()
+    with Cache(d, max_pages=1) as c:
+        assert c._tier.table.get("k0") is None and c.get("k0") == b"x" * 30  # p1 resident
+        with pytest.raises(CorruptStoreError, match="holds key 'k0', which lives in another"):
+            list(c.items())
