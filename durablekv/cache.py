@@ -1113,6 +1113,26 @@ class Cache(MutableMapping):
         return value
 
     def __contains__(self, key: Any) -> bool:
+        """``key in cache``: whether a live entry is there (no hit or miss is
+        counted). An entry in memory with no TTL is found without the lock,
+        by the same two lookups as :meth:`get`'s memory hit.
+
+        :raises TypeError: ``key`` has an unsupported type.
+        :raises CacheClosedError: the cache is closed.
+        """
+        if self._state is _OPEN:
+            table = self._table
+            try:
+                ref = table.get(key)
+            except TypeError:
+                ref = None  # the locked path raises the TypeError set() gives
+            if ref is not None:
+                page, slot = ref
+                if (page.ttl_n == 0 or page.expires[slot] is None) and table.get(key) is ref:
+                    return True
+        return self._contains_locked(key)
+
+    def _contains_locked(self, key: Any) -> bool:
         with self._lock:
             self._check_open()
             return self._ref(key) is not None
@@ -1950,15 +1970,20 @@ class Cache(MutableMapping):
 
 
 if sysconfig.get_config_var("Py_GIL_DISABLED"):
-    # A free-threaded CPython build: get's unlocked memory hit relies on the
-    # GIL (see docs/architecture.md, "Threads and locks"), so every get
-    # locks. The build decides, not whether the GIL is on at import: such a
+    # A free-threaded CPython build: the unlocked memory hit of get and `in`
+    # relies on the GIL (see docs/architecture.md, "Threads and locks"), so
+    # they lock. The build decides, not whether the GIL is on at import: such a
     # build may run with the GIL on or off, and may switch it on later.
     def _get_with_lock(self: Cache, key: Any, default: Any = None) -> Any:
         return self._get_locked(key, default)
 
+    def _contains_with_lock(self: Cache, key: Any) -> bool:
+        return self._contains_locked(key)
+
     _get_with_lock.__doc__ = Cache.get.__doc__
+    _contains_with_lock.__doc__ = Cache.__contains__.__doc__
     Cache.get = _get_with_lock  # type: ignore[method-assign]
+    Cache.__contains__ = _contains_with_lock  # type: ignore[method-assign]
 
 
 def _check_counter_args(op: str, delta: Any, default: Any) -> None:

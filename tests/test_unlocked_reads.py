@@ -107,6 +107,37 @@ def test_an_overwrite_with_an_expiry_during_the_read_is_never_served_unexpired(c
         assert c.get("a") is None
 
 
+def test_in_looks_again_when_the_entry_moves_between_its_two_lookups(cache_dir):
+    # (True would also be right here: "a" was there at the first lookup. The
+    # locked path answers instead, as it must in the next test.)
+    with opened(cache_dir, page_size=1, max_pages=8) as c:
+        c.set("a", b"1")
+        c._table = _RacingTable(c._tier.table, "a", lambda: (c.delete("a"), c.set("b", b"2")))
+        assert "a" not in c
+        assert "b" in c
+
+
+def test_in_never_finds_an_expired_entry_whose_slot_was_reused(cache_dir):
+    # An expired entry "a" stays in its slot until something purges it; if
+    # its slot goes to a key without a TTL between the lookups, the page's
+    # TTL count drops to 0 and only the second lookup tells.
+    clock = Clock(1000)
+    with opened(cache_dir, page_size=1, max_pages=8, clock=clock) as c:
+        c.set("a", b"1", expire=1)
+        clock.now = 1002
+
+        def race() -> None:
+            c.get("a")            # purges the expired entry, freeing its slot
+            c.set("b", b"2")      # which "b" takes, with no TTL
+            assert c._tier.table["b"][0].ttl_n == 0
+
+        c._table = _RacingTable(c._tier.table, "a", race)
+        assert "a" not in c
+        c._table = c._tier.table
+        assert "a" not in c and "b" in c
+        assert c.stats().misses == 1   # the race's get; `in` counts nothing
+
+
 def test_hits_from_many_threads_are_all_counted(cache_dir):
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
@@ -235,6 +266,7 @@ def test_on_a_free_threaded_build_every_get_takes_the_lock(tmp_path):
         "            return c._tier.table.get(key, default)\n"
         "    c._table = LockedOnly()\n"
         "    assert c.get('a') == b'1' and c['a'] == b'1' and c.get('b', 2) == 2\n"
+        "    assert 'a' in c and 'b' not in c\n"
         "    assert c.stats().memory_hits == 2\n"
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")], capture_output=True,
