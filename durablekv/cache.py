@@ -786,10 +786,6 @@ class Cache(MutableMapping):
         """Read page ``pid`` (or use ``row`` = (n, blob) already read) and make it resident."""
         if row is None:
             row = self._store.read_page(pid)
-        if row is None:
-            detail = f"the key index points at page {pid}, which is missing"
-            mark_damaged(self._store.path, detail)
-            raise CorruptStoreError(self._store.path, detail)
         slots, keys, values, expires = self._decode_page(pid, row)
         self._check_disjoint(pid, keys)
         return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
@@ -804,18 +800,25 @@ class Cache(MutableMapping):
         table = self._tier.table
         if not table.keys().isdisjoint(keys):
             key = next(k for k in keys if k in table)
-            detail = f"page {pid} holds key {key!r}, which lives in another page"
-            mark_damaged(self._store.path, detail)
-            raise CorruptStoreError(self._store.path, detail)
+            raise self._damaged(f"page {pid} holds key {key!r}, which lives in another page")
 
-    def _decode_page(self, pid: int, row: tuple[int, bytes]
+    def _damaged(self, detail: str) -> CorruptStoreError:
+        """Mark the store damaged (``detail`` says how) and return the error
+        to raise: the next open refuses the store until it is repaired."""
+        mark_damaged(self._store.path, detail)
+        return CorruptStoreError(self._store.path, detail)
+
+    def _decode_page(self, pid: int, row: tuple[int, bytes] | None
                      ) -> tuple[list[int], list[Any], list[Any], list[float | None]]:
         """``(slots, keys, values, expires)`` of a stored page (``row`` =
-        ``(n_entries, blob)``), values in their memory form.
+        ``(n_entries, blob)``, None when the key index named a page the store
+        lacks), values in their memory form.
 
-        :raises CorruptStoreError: the page cannot be decoded, or disagrees
-            with itself (the store is marked damaged).
+        :raises CorruptStoreError: the page is missing, cannot be decoded, or
+            disagrees with itself (the store is marked damaged).
         """
+        if row is None:
+            raise self._damaged(f"the key index points at page {pid}, which is missing")
         n, data = row
         from_blob = self._codec.memory_form_from_blob
         decode_key = _codec.decode_key
@@ -844,9 +847,7 @@ class Cache(MutableMapping):
             if len(set(keys)) != count:
                 raise ValueError("it holds a key twice")
         except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
-            detail = f"page {pid} cannot be decoded: {exc}"
-            mark_damaged(self._store.path, detail)
-            raise CorruptStoreError(self._store.path, detail) from exc
+            raise self._damaged(f"page {pid} cannot be decoded: {exc}") from exc
         return slots, keys, values, expires
 
     def _ref(self, key: Any, now_fn=None) -> tuple[Page, int] | None:
@@ -1120,6 +1121,8 @@ class Cache(MutableMapping):
         :raises TypeError: ``key`` has an unsupported type.
         :raises CacheClosedError: the cache is closed.
         """
+        # get's first steps, copied rather than shared: a helper call costs a
+        # get about 80 ns, a quarter of a hit on keys read in order.
         if self._state is _OPEN:
             table = self._table
             try:
@@ -1614,11 +1617,8 @@ class Cache(MutableMapping):
         found = self._store.find(_codec.canonical_key(key))
         if found is None or found[0] in self._tier.pages:
             return None  # gone, or its page is in memory and no longer holds it
-        if found[1] is None:
-            detail = f"the key index points at page {found[0]}, which is missing"
-            mark_damaged(self._store.path, detail)
-            raise CorruptStoreError(self._store.path, detail)
-        _slots, pkeys, values, expires = self._decode_page(found[0], found[1:])
+        _slots, pkeys, values, expires = self._decode_page(
+            found[0], None if found[1] is None else found[1:])
         self._check_disjoint(found[0], pkeys)
         for j, k in enumerate(pkeys):
             if k == key:
@@ -1695,17 +1695,7 @@ class Cache(MutableMapping):
         self._teardown(clean=error is None and not failed)
         if isinstance(error, WriteBehindError):
             # The batcher's message says the pages are retried; not after close.
-            if self.durability == "none":
-                fate = ("the writes it had not stored are lost (durability='none' keeps "
-                        "no replay log)")
-            else:
-                fate = ("its replay log is kept, and the next open replays every "
-                        "acknowledged write")
-            raise WriteBehindError(
-                self.path, error.cause,
-                f"close(): the final flush to {self.path!r} failed: {error.cause!r}; the "
-                f"cache is closed and {fate}. Check disk space and whether another "
-                "process holds a lock on the store") from error
+            raise WriteBehindError.at_close(self.path, error.cause, self.durability) from error
         if error is not None:
             raise error
 

@@ -222,10 +222,24 @@ class WriteBehindError(DurableKVError):
             message
             or (
                 f"write-behind flush to {path!r} failed: {cause!r}; the pages stay "
-                "dirty in memory and are retried. Check disk space and whether another "
-                "process holds a lock on the store"
+                f"dirty in memory and are retried. {_FLUSH_FIX}"
             )
         )
+
+    @classmethod
+    def at_close(cls, path: str, cause: BaseException | None,
+                 durability: str) -> "WriteBehindError":
+        """The error ``close()`` raises when its final flush fails: nothing
+        is retried after close, so it says what the next open finds."""
+        if durability == "none":
+            fate = "the writes it had not stored are lost (durability='none' keeps no replay log)"
+        else:
+            fate = "its replay log is kept, and the next open replays every acknowledged write"
+        return cls(path, cause, f"close(): the final flush to {path!r} failed: {cause!r}; the "
+                                f"cache is closed and {fate}. {_FLUSH_FIX}")
+
+
+_FLUSH_FIX = "Check disk space and whether another process holds a lock on the store"
 
 
 class FlushTimeoutError(WriteBehindError, TimeoutError):
