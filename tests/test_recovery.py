@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from durablekv import Cache
-from durablekv.replaylog import HEADER, MAGIC, list_segments, read_segment
+from durablekv.replaylog import HEADER, MAGIC, ReplayLog, list_segments, read_segment
 
 REPO = Path(__file__).resolve().parents[1]
 #: the batcher never runs unless asked (flush()/close() or back-pressure)
@@ -636,3 +636,36 @@ def test_many_keys_recovered_into_a_store_with_few(tmp_path, small_filters):
         assert len(calls) < 50
         assert all(cache[f"new{i}"] == i for i in range(5000))
         assert all(cache[f"old{i}"] == i for i in range(10))
+
+
+def test_recovery_runs_no_collection_while_it_reads_and_replays_the_log(tmp_path, monkeypatch):
+    """The cyclic GC is paused while the log is read and replayed: reading
+    makes a tuple and two bytes objects per record, and collections would
+    walk the growing list again and again. The pause ends with the open."""
+    import gc
+    d = tmp_path / "c"
+    cache = Cache(d, **NEVER)
+    for i in range(20_000):
+        cache[f"k{i}"] = i
+    crash(cache)
+    starts: list[int] = []
+
+    def count_starts(phase: str, info: dict) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    real_recover = ReplayLog.recover
+
+    def recover(self, *args, **kwargs):
+        gc.callbacks.append(count_starts)
+        try:
+            return real_recover(self, *args, **kwargs)
+        finally:
+            gc.callbacks.remove(count_starts)
+
+    monkeypatch.setattr(ReplayLog, "recover", recover)
+    assert gc.isenabled()
+    with Cache(d, **NEVER) as cache:
+        assert gc.isenabled()
+        assert cache.stats().recovered_records == 20_000
+        assert starts == []

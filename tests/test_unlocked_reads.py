@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from heapq import heappush
 from itertools import count
 
@@ -18,7 +19,7 @@ import pytest
 
 from durablekv.pages import RESIDENT, MemoryTier, Page
 
-from .conftest import REPO, Clock, opened, run_threads
+from .conftest import REPO, Clock, opened, run_threads, run_with_timeout
 
 
 class _RacingTable:
@@ -136,6 +137,24 @@ def test_in_never_finds_an_expired_entry_whose_slot_was_reused(cache_dir):
         c._table = c._tier.table
         assert "a" not in c and "b" in c
         assert c.stats().misses == 1   # the race's get; `in` counts nothing
+
+
+def test_a_memory_hit_and_in_answer_while_a_writer_holds_the_lock(cache_dir):
+    """The README's promise: readers of an entry in memory with no TTL do
+    not queue behind the lock (held here as a writer holds it for its log
+    write); anything else waits for it."""
+    with opened(cache_dir, page_size=4, max_pages=8) as c:
+        c.set("a", b"1")
+        c.set("t", b"2", expire=60)
+        with c._lock:
+            assert run_with_timeout(lambda: c.get("a"), 5.0) == b"1"
+            assert run_with_timeout(lambda: "a" in c, 5.0) is True
+            waiting = threading.Thread(target=c.get, args=("t",), daemon=True)
+            waiting.start()
+            waiting.join(0.2)
+            assert waiting.is_alive()   # a TTL entry takes the locked path
+        waiting.join(5.0)
+        assert not waiting.is_alive()
 
 
 def test_hits_from_many_threads_are_all_counted(cache_dir):
