@@ -44,7 +44,7 @@ from .keyfilter import KeyFilter
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
 from . import pages as _pages
-from .pages import EMPTY, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
+from .pages import EMPTY, HAS_TTL, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments
 from .stats import CacheStats, HistogramSnapshot
 from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
@@ -644,7 +644,7 @@ class Cache(MutableMapping):
                     if ref is None:
                         new.append(i)  # no longer on the page the index names
                         continue
-                    page, slot = ref
+                    page, slot, _ = ref
                     _lsn, op, kb, vb, expire_at = recs[i]
                     old = page.expires[slot]
                     nbytes = len(kb) + len(vb)
@@ -864,7 +864,7 @@ class Cache(MutableMapping):
             ref = self._locate(key)
             if ref is None:
                 return None
-        page, slot = ref
+        page, slot, _ = ref
         exp = page.expires[slot]
         if exp is not None and self._now() >= exp:
             self._expire(key)
@@ -905,7 +905,7 @@ class Cache(MutableMapping):
         tier = self._tier
         now = _REAL_MONOTONIC[0]()
         if ref is not None:
-            page, slot = ref
+            page, slot, _ = ref
             old = page.expires[slot]
             if tier.fits(page, nbytes):
                 tier.update(page, slot, held, expire_at, now, lsn, nbytes)
@@ -933,7 +933,7 @@ class Cache(MutableMapping):
             self._batcher.kick()
 
     def _apply_delete(self, key: Any, lsn: int) -> None:
-        page, slot = self._tier.table[key]
+        page, slot, _ = self._tier.table[key]
         if page.expires[slot] is not None:
             self._ttl_count -= 1
         self._tier.remove(key, _REAL_MONOTONIC[0](), lsn)
@@ -1035,12 +1035,11 @@ class Cache(MutableMapping):
     def get(self, key: Any, default: Any = None) -> Any:
         """Return the value for ``key``, or ``default`` when missing or expired.
 
-        A memory hit on an entry with no TTL takes no lock: a page-table
-        lookup, an LRU touch and a second lookup that checks the entry did
-        not move meanwhile (an optimistic read, validated afterwards as a
-        seqlock reader is). Anything else takes the lock: a key whose page is
-        not resident is found through the SQLite key index and its page is
-        faulted in (a ``store`` hit).
+        A memory hit on an entry with no TTL takes no lock: one page-table
+        lookup, whose entry holds the value (kept in step by every write),
+        and an LRU touch of the page. Anything else takes the lock: a key whose
+        page is not resident is found through the SQLite key index and its
+        page is faulted in (a ``store`` hit).
 
         :raises TypeError: ``key`` has an unsupported type (as a dict would for
             an unhashable key).
@@ -1053,19 +1052,15 @@ class Cache(MutableMapping):
             except TypeError:
                 ref = None  # the locked path raises the TypeError set() gives
             if ref is not None:
-                page, slot = ref
-                if (page.ttl_n == 0 or page.expires[slot] is None) and \
-                        page.state == RESIDENT:
-                    page.stamp = next(self._ticks)
-                    v = page.values[slot]
-                    # The entry may have moved (removed, evicted, its slot
-                    # reused) between the two lookups: every placement makes
-                    # a new (page, slot) tuple, so the same tuple means the
-                    # slot held this key throughout and ``v`` is its value.
-                    # An overwrite that gave it an expiry meanwhile stored
-                    # the expiry first (MemoryTier.update): check it again.
-                    if table.get(key) is ref and \
-                            (page.ttl_n == 0 or page.expires[slot] is None):
+                # The entry's value is read in one load, which sees it before
+                # a write or after it; an entry that left the table meanwhile
+                # has the value it had when it left, live until then (see
+                # MemoryTier). HAS_TTL: the expiry must be checked, locked.
+                v = ref[2]
+                if v is not HAS_TTL:
+                    page = ref[0]
+                    if page.state == RESIDENT:
+                        page.stamp = next(self._ticks)
                         next(self._unlocked_hits)
                         return v if type(v) is not _Frozen else self._codec.decode(v.blob)
         return self._get_locked(key, default)
@@ -1081,7 +1076,7 @@ class Cache(MutableMapping):
                 _codec.check_key(key)  # the same TypeError as set() gives
                 raise
             if ref is not None:
-                page, slot = ref
+                page, slot, _ = ref
                 exp = page.expires[slot]
                 if exp is not None and self._now() >= exp:
                     self._expire(key)
@@ -1098,7 +1093,7 @@ class Cache(MutableMapping):
             # Not in the page table: _ref's steps without its second lookup.
             ref = self._locate(key)
             if ref is not None:
-                page, slot = ref
+                page, slot, _ = ref
                 exp = page.expires[slot]
                 if exp is None or self._now() < exp:
                     self._store_hits += 1
@@ -1116,23 +1111,18 @@ class Cache(MutableMapping):
     def __contains__(self, key: Any) -> bool:
         """``key in cache``: whether a live entry is there (no hit or miss is
         counted). An entry in memory with no TTL is found without the lock,
-        by the same two lookups as :meth:`get`'s memory hit.
+        by the page-table lookup of :meth:`get`'s memory hit.
 
         :raises TypeError: ``key`` has an unsupported type.
         :raises CacheClosedError: the cache is closed.
         """
-        # get's first steps, copied rather than shared: a helper call costs a
-        # get about 80 ns, a quarter of a hit on keys read in order.
         if self._state is _OPEN:
-            table = self._table
             try:
-                ref = table.get(key)
+                ref = self._table.get(key)
             except TypeError:
                 ref = None  # the locked path raises the TypeError set() gives
-            if ref is not None:
-                page, slot = ref
-                if (page.ttl_n == 0 or page.expires[slot] is None) and table.get(key) is ref:
-                    return True
+            if ref is not None and ref[2] is not HAS_TTL:
+                return True
         return self._contains_locked(key)
 
     def _contains_locked(self, key: Any) -> bool:
@@ -1181,9 +1171,8 @@ class Cache(MutableMapping):
             if expire is None:
                 ref = tier.table.get(key)
                 if ref is not None:
-                    page, slot = ref
-                    if (page.ttl_n == 0 or page.expires[slot] is None) and \
-                            page.state == RESIDENT and \
+                    page = ref[0]
+                    if ref[2] is not HAS_TTL and page.state == RESIDENT and \
                             page.nbytes + nbytes <= _pages.PAGE_BYTES_LIMIT:
                         # The hot path: overwrite a live, resident entry. Same
                         # steps as _append + MemoryTier.update, without the calls.
@@ -1191,7 +1180,11 @@ class Cache(MutableMapping):
                         if self._log is not None:
                             self._log.append(lsn, OP_SET, kb, vb, None)
                         self._last_lsn = lsn
-                        page.values[slot] = held
+                        page.values[ref[1]] = held
+                        if type(ref) is list:
+                            ref[2] = held
+                        else:  # its first overwrite (see MemoryTier)
+                            tier.table[key] = [page, ref[1], held]
                         page.nbytes += nbytes
                         page.version += 1
                         if page.dirty_lsn is None:
@@ -1334,7 +1327,7 @@ class Cache(MutableMapping):
                     raise KeyError(key)
                 value, expire_at = default + delta, None
             else:
-                page, slot = ref
+                page, slot, _ = ref
                 old = self._codec.from_memory(page.values[slot])
                 if type(old) is not int:
                     raise TypeError(f"cannot incr() key {key!r}: its value is a "
@@ -1375,7 +1368,7 @@ class Cache(MutableMapping):
             ref = self._ref(key)
             if ref is None:
                 return False
-            page, slot = ref
+            page, slot, _ = ref
             # logged as a set of the same value, under the key object the
             # entry keeps (a set of an equal key keeps it too)
             kb = _codec.encode_key(page.keys[slot])
@@ -1424,7 +1417,7 @@ class Cache(MutableMapping):
                 if default is _MISSING:
                     raise KeyError(key)
                 return default
-            page, slot = ref
+            page, slot, _ = ref
             value = self._codec.from_memory(page.values[slot])
             lsn = self._append(OP_DELETE, kb, b"", None)
             self._apply_delete(key, lsn)
@@ -1475,8 +1468,8 @@ class Cache(MutableMapping):
         # evict (and drop) a clean page, so expired entries must be removed
         # (making their page dirty, hence kept) before the next fault.
         now = self._now()
-        doomed = [k for k, (p, s) in self._tier.table.items()
-                  if p.expires[s] is not None and now >= p.expires[s]]
+        doomed = [k for k, (p, s, v) in self._tier.table.items()
+                  if v is HAS_TTL and now >= p.expires[s]]
         for k in doomed:
             self._expire(k)
         if not self._clear_pending:
@@ -1501,9 +1494,9 @@ class Cache(MutableMapping):
             self._check_open()
             now = None
             keys = []
-            for k, (p, s) in self._tier.table.items():
-                e = p.expires[s]
-                if e is not None:
+            for k, (p, s, v) in self._tier.table.items():
+                if v is HAS_TTL:
+                    e = p.expires[s]
                     if now is None:
                         now = self._now()
                     if now >= e:
@@ -1607,7 +1600,7 @@ class Cache(MutableMapping):
         made resident."""
         ref = self._tier.table.get(key)
         if ref is not None:
-            page, slot = ref
+            page, slot, _ = ref
             e = page.expires[slot]
             if e is not None and now >= e:
                 return None
@@ -1885,7 +1878,7 @@ class Cache(MutableMapping):
             ref = self._ref(key)
             if ref is None:
                 return _MISSING
-            page, slot = ref
+            page, slot, _ = ref
             return self._codec.from_memory(page.values[slot])
 
     # -- batcher protocol (called from the batcher thread) -------------------------------

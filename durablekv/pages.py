@@ -8,8 +8,11 @@ access). The design is a database buffer pool shrunk to key/value entries
   (key, value, expire_at). New keys fill the *open page*; a full page takes
   the next page id from the *free list* (ids of pages that became empty) or
   a fresh id.
-* The *page table* maps a key to ``(page, slot)`` for every page held in
-  memory. Python's dict gives it exactly dict key equality (``1 == 1.0``).
+* The *page table* maps a key to its page-table entry ``(page, slot,
+  value)`` for every page held in memory. Python's dict gives it exactly
+  dict key equality (``1 == 1.0``). The entry repeats the slot's value, or
+  holds :data:`HAS_TTL` when the slot has an expiry, so that a memory hit
+  reads the value from the entry alone (see :class:`MemoryTier`).
 * A page is *resident* (in the LRU order, at most ``max_pages`` of them) or
   *pending* (evicted while dirty: out of the LRU, still in the page table,
   waiting for the write-behind batcher). A clean page that is evicted leaves
@@ -29,7 +32,7 @@ from heapq import heappop, heappush, heapify, heapreplace
 from itertools import count, repeat
 from typing import Any, Iterator, Sequence
 
-__all__ = ["Page", "MemoryTier", "EMPTY", "PAGE_BYTES_LIMIT"]
+__all__ = ["Page", "MemoryTier", "EMPTY", "HAS_TTL", "PAGE_BYTES_LIMIT"]
 
 #: Most encoded bytes (keys + values) a page holds, well under SQLite's
 #: default 1,000,000,000-byte limit on a blob: an insert that would pass it
@@ -47,6 +50,18 @@ class _Empty:
 #: Marker for an unused slot.
 EMPTY: Any = _Empty()
 
+
+class _HasTTL:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "HAS_TTL"
+
+
+#: The value in the page-table entry of a slot with an expiry (whose value
+#: must be read with the expiry, under the lock).
+HAS_TTL: Any = _HasTTL()
+
 RESIDENT, PENDING = 1, 2
 
 
@@ -58,8 +73,6 @@ class Page:
         is :data:`EMPTY` for a free slot; ``expires[i]`` is absolute epoch
         seconds or None.
     :ivar used: slots in use.
-    :ivar ttl_n: slots in use whose ``expires`` is not None. A get reads it
-        instead of the slot's expiry when it is 0, one list less to touch.
     :ivar version: bumped by every change (dirty tracking by version).
     :ivar keys_version: bumped when the set of keys or an expire_at changes,
         so a flush can skip rewriting the key index for value-only changes.
@@ -73,7 +86,7 @@ class Page:
     """
 
     __slots__ = ("page_id", "keys", "values", "expires", "used", "version",
-                 "keys_version", "state", "ttl_n", "dirty_since", "stored_n",
+                 "keys_version", "state", "dirty_since", "stored_n",
                  "stored_ttl_n", "stored_keys_version", "free_slots", "dirty_lsn",
                  "flight_lsn", "nbytes", "stamp", "heap_stamp")
 
@@ -90,7 +103,6 @@ class Page:
         else:
             self.keys, self.values, self.expires = full
             self.free_slots = []
-        self.ttl_n = 0 if full is None else page_size - full[2].count(None)
         self.used = 0
         self.version = 0
         self.keys_version = 0
@@ -117,6 +129,14 @@ class Page:
                 yield i, k, values[i], expires[i]
 
 
+def _entries(page: "Page", slots: Sequence[int], held: Sequence[Any],
+             expires: Sequence[float | None]) -> Iterator[tuple[Page, int, Any]]:
+    """Page-table entries for ``held`` values with ``expires`` in ``slots`` of ``page``."""
+    if expires.count(None) == len(expires):
+        return zip(repeat(page), slots, held)
+    return zip(repeat(page), slots, [h if e is None else HAS_TTL for h, e in zip(held, expires)])
+
+
 class MemoryTier:
     """Page table, resident pages in LRU order, pending pages, free list.
 
@@ -124,7 +144,7 @@ class MemoryTier:
     :param max_pages: most pages resident at once (>= 1).
 
     Public attributes are read directly by the cache's hot path:
-    ``table`` (key -> (page, slot)), ``ticks`` (the recency clock: an access
+    ``table`` (key -> page-table entry, see below), ``ticks`` (the recency clock: an access
     sets ``page.stamp = next(ticks)``), ``pages`` (page_id -> Page for every
     page in memory), ``dirty`` (page_id -> Page, in the order they became
     dirty).
@@ -141,12 +161,28 @@ class MemoryTier:
     an older tick over a newer one, so that page looks older than it is.) Each resident
     page has one live heap entry; entries of pages that left residency are
     dropped when they surface (or when the heap is rebuilt).
+
+    Page-table entries: ``(page, slot, value)``, where ``value`` is
+    ``page.values[slot]`` while the slot has no expiry, else
+    :data:`HAS_TTL`. The cache reads them without its lock (``Cache.get``),
+    so an entry changes only in ways a reader can take whole:
+
+    * page and slot are fixed: a key that moves to another page gets a new
+      entry;
+    * a key gets a tuple when it is placed (built in C, no Python call per
+      key, so page faults and recovery stay cheap). Its first change of
+      value or expiry replaces the tuple with a list, and later changes
+      store into the list's third item: one store, no allocation on the
+      overwrite path. A reader's one load of item 2 sees the value before
+      a write or after it;
+    * an entry that leaves the table keeps the value it had then, which
+      was live until that moment.
     """
 
     def __init__(self, page_size: int, max_pages: int) -> None:
         self.page_size = page_size
         self.max_pages = max_pages
-        self.table: dict[Any, tuple[Page, int]] = {}
+        self.table: dict[Any, tuple | list] = {}
         self.pages: dict[int, Page] = {}
         self.heap: list[tuple[int, Page]] = []  # (filed stamp, page), see above
         self.ticks = count(1)
@@ -261,8 +297,7 @@ class MemoryTier:
                 pe[slot] = exp
             taken = set(slots)
             page.free_slots = [s for s in range(self.page_size - 1, -1, -1) if s not in taken]
-            page.ttl_n = n - expires.count(None)
-        self.table.update(zip(keys, zip(repeat(page), slots)))
+        self.table.update(zip(keys, _entries(page, slots, values, expires)))
         page.used = n
         page.stored_n = n
         page.stored_ttl_n = n - expires.count(None)
@@ -323,11 +358,9 @@ class MemoryTier:
         page.keys[slot] = key
         page.values[slot] = held
         page.expires[slot] = expire_at
-        if expire_at is not None:
-            page.ttl_n += 1
         page.used += 1
         page.keys_version += 1
-        self.table[key] = (page, slot)
+        self.table[key] = (page, slot, held if expire_at is None else HAS_TTL)
         self.mark_dirty(page, now, lsn)
         if page.state == RESIDENT:
             self.touch(page)
@@ -381,8 +414,7 @@ class MemoryTier:
                     pk[slot] = keys[j]
                     pv[slot] = held[j]
                     pe[slot] = expires[j]
-            page.ttl_n += k - expires[i:end].count(None)  # before the keys can be found
-            table.update(zip(keys[i:end], zip(repeat(page), slots)))
+            table.update(zip(keys[i:end], _entries(page, slots, held[i:end], expires[i:end])))
             page.used += k
             page.nbytes += size
             page.keys_version += 1
@@ -398,37 +430,26 @@ class MemoryTier:
 
     def update(self, page: Page, slot: int, held: Any, expire_at: float | None,
                now: float, lsn: int, nbytes: int) -> None:
-        """Overwrite the entry in ``slot`` (the key stays as first stored).
-
-        A get reads a slot without the lock when the page has no TTL entry
-        or the slot has no expiry, and checks that again after reading the
-        value (see ``Cache.get``). So a value that gets an expiry is written
-        after the expiry, and a value that loses one before the expiry goes:
-        such a read never returns a value without the expiry it has."""
-        old = page.expires[slot]
-        if old == expire_at:
-            page.values[slot] = held
-        elif expire_at is not None:
+        """Overwrite the entry in ``slot`` (the key stays as first stored)."""
+        page.values[slot] = held
+        if page.expires[slot] != expire_at:
             page.expires[slot] = expire_at
-            page.ttl_n += old is None
-            page.values[slot] = held
-        else:
-            page.values[slot] = held
-            page.expires[slot] = None
-            page.ttl_n -= 1
-        if old != expire_at:
             page.keys_version += 1
+        key = page.keys[slot]
+        entry = self.table[key]
+        if type(entry) is list:
+            entry[2] = held if expire_at is None else HAS_TTL
+        else:
+            self.table[key] = [page, slot, held if expire_at is None else HAS_TTL]
         page.nbytes += nbytes
         self.mark_dirty(page, now, lsn)
 
     def remove(self, key: Any, now: float, lsn: int) -> tuple[Page, int]:
         """Remove ``key`` (which must be in the table); return its old place."""
-        page, slot = self.table.pop(key)
+        page, slot, _ = self.table.pop(key)
         page.keys[slot] = EMPTY
         page.values[slot] = None
-        if page.expires[slot] is not None:
-            page.expires[slot] = None
-            page.ttl_n -= 1
+        page.expires[slot] = None
         page.used -= 1
         page.keys_version += 1
         page.free_slots.append(slot)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from durablekv import Cache
+from durablekv.pages import EMPTY, HAS_TTL, MemoryTier
 
 REPO = Path(__file__).resolve().parents[1]
 #: ../shared/traces beside the repository (read-only; never copied into it).
@@ -114,3 +115,21 @@ def run_threads(target, n: int) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+def check_table(tier: MemoryTier) -> None:
+    """The page table agrees with the pages: each entry ``(page, slot,
+    value)`` names its key's slot, and its value is the slot's value, or
+    HAS_TTL when the slot has an expiry; and every key on a page in memory
+    has an entry there."""
+    for key, (page, slot, value) in tier.table.items():
+        assert page.keys[slot] is not EMPTY and page.keys[slot] == key, (key, page)
+        assert tier.pages.get(page.page_id) is page, (key, page)
+        if page.expires[slot] is None:
+            assert value is page.values[slot], (key, value, page.values[slot])
+        else:
+            assert value is HAS_TTL, (key, value)
+    for page in tier.pages.values():
+        for slot, key in enumerate(page.keys):
+            if key is not EMPTY:
+                assert tuple(tier.table[key][:2]) == (page, slot), (key, page)

@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from durablekv import Cache
-from durablekv.pages import EMPTY
-from .conftest import Clock
+from .conftest import Clock, check_table
 
 _ABSENT = object()
 #: every key KEYS can draw
@@ -68,6 +67,21 @@ class CacheVsDict(RuleBasedStateMachine):
             self.deadline.pop(key, None)
         else:
             self.model[key] = value
+            self.deadline[key] = self.clock.now + ttl
+
+    @rule(key=KEYS, ttl=st.sampled_from([None, 0, 1, 5]))
+    def touch(self, key, ttl):
+        self._drop_expired()
+        live = key in self.model
+        assert self.cache.touch(key, expire=ttl) is live
+        if not live:
+            return
+        if ttl == 0:
+            del self.model[key]
+            self.deadline.pop(key, None)
+        elif ttl is None:
+            self.deadline.pop(key, None)
+        else:
             self.deadline[key] = self.clock.now + ttl
 
     @rule(key=KEYS)
@@ -134,9 +148,7 @@ class CacheVsDict(RuleBasedStateMachine):
         assert dict(self.cache.items()) == self.model
         st_ = self.cache.stats()
         assert st_.resident_pages <= self.opts["max_pages"]
-        for page in self.cache._tier.pages.values():
-            assert page.ttl_n == sum(k is not EMPTY and e is not None
-                                     for k, e in zip(page.keys, page.expires)), page
+        check_table(self.cache._tier)
 
 
 TestCacheVsDict = CacheVsDict.TestCase

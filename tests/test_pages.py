@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from durablekv import Cache
 from durablekv.pages import EMPTY, PENDING, RESIDENT, MemoryTier
 
+from .conftest import check_table
+
 
 def resident_ids(tier: MemoryTier) -> list[int]:
     return [p.page_id for p in tier.lru_order()]
@@ -105,7 +107,7 @@ def test_dirty_tracking_is_by_version():
 def test_value_only_update_keeps_keys_version_expire_change_bumps_it():
     t = MemoryTier(page_size=4, max_pages=4)
     t.insert("a", 1, None, 0.0, 1, 10)
-    p, slot = t.table["a"]
+    p, slot, _ = t.table["a"]
     kv = p.keys_version
     t.update(p, slot, 2, None, 0.0, 1, 10)
     assert p.keys_version == kv
@@ -153,7 +155,7 @@ def test_key_equality_in_the_page_table_is_dicts():
     t = MemoryTier(page_size=4, max_pages=4)
     t.insert(1.0, "a", None, 0.0, 1, 10)
     assert t.table[1][0] is t.table[True][0]
-    p, slot = t.table[1]
+    p, slot, _ = t.table[1]
     assert type(p.keys[slot]) is float
 
 
@@ -236,6 +238,7 @@ def test_tier_evicts_the_least_recently_used_page_with_deletes(ops, page_size, c
         assert len(t.heap) <= 2 * t.resident + 65
     assert all(used == oldest for used, oldest in victims)
     assert t.evictions == len(victims)
+    check_table(t)
 
 
 # -- through a Cache -----------------------------------------------------------------
@@ -374,7 +377,7 @@ def tier_state(tier: MemoryTier) -> dict:
     """Everything observable about a tier but the version counters (insert
     bumps them per key, insert_many per page)."""
     return dict(
-        table={k: (p.page_id, s) for k, (p, s) in tier.table.items()},
+        table={k: (p.page_id, s, v) for k, (p, s, v) in tier.table.items()},
         pages={pid: (list(p.keys), list(p.values), list(p.expires), p.used, p.nbytes,
                      list(p.free_slots), p.state, p.dirty_lsn)
                for pid, p in tier.pages.items()},
@@ -424,6 +427,8 @@ def test_insert_many_matches_insert_one_at_a_time(page_size, max_pages, setup, s
             assert end > pos
             pos, calls = end, calls + 1
     assert tier_state(many) == tier_state(one)
+    check_table(one)
+    check_table(many)
 
 
 def test_insert_many_without_a_budget_takes_everything():

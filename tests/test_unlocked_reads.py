@@ -1,12 +1,15 @@
-"""A memory hit takes no lock (Cache.get's optimistic read).
+"""A memory hit takes no lock (Cache.get's one-load read).
 
-The read looks the key up, reads the slot, and looks the key up again: the
-same (page, slot) tuple both times means the slot held this key throughout.
-These tests force the interleavings the check exists for, count hits made
-from many threads at once, and race reads against writes and evictions with
-a tiny switch interval so that threads change places between any two steps.
+The page table maps a key to an entry ``(page, slot, value)`` that writers
+keep in step with the slot: a new tuple on placement, a list from the first
+overwrite on, stored into in place. A reader's one load of the value sees
+it before a write or after it; an entry that leaves the table keeps the
+value it had then (``HAS_TTL`` in place of the value sends the read to the
+locked path, which checks the expiry). These tests force the interleavings
+a writer can make right after the lookup, count hits made from many threads
+at once, and race reads against writes and evictions with a tiny switch
+interval so that threads change places between any two steps.
 """
-
 from __future__ import annotations
 
 import subprocess
@@ -17,15 +20,15 @@ from itertools import count
 
 import pytest
 
-from durablekv.pages import RESIDENT, MemoryTier, Page
+from durablekv.pages import HAS_TTL, RESIDENT, MemoryTier, Page
 
-from .conftest import REPO, Clock, opened, run_threads, run_with_timeout
+from .conftest import REPO, Clock, check_table, opened, run_threads, run_with_timeout
 
 
 class _RacingTable:
     """Stands in for the cache's page table on get()'s path: the first lookup
-    of ``key`` returns its (page, slot) and then runs ``race`` before get()
-    goes on, as another thread switching in right there would."""
+    of ``key`` returns its tuple and then runs ``race`` before get() goes
+    on, as another thread switching in right there would."""
 
     def __init__(self, table: dict, key, race) -> None:
         self.table, self.key, self.race = table, key, race
@@ -38,32 +41,44 @@ class _RacingTable:
         return ref
 
 
-def test_a_slot_reused_between_the_two_lookups_is_never_read_as_the_keys_value(cache_dir):
+def test_a_slot_reused_after_the_lookup_never_gives_the_new_keys_value(cache_dir):
     with opened(cache_dir, page_size=1, max_pages=8) as c:
         c.set("a", b"value of a")
         tier = c._tier
-        page, slot = tier.table["a"]
+        page, slot, _ = tier.table["a"]
 
         def race() -> None:
             # delete a, and let b take its page and slot
             c.delete("a")
             c.set("b", b"value of b")
-            assert tier.table["b"] == (page, slot) and page.state == RESIDENT
+            assert tier.table["b"][:2] == (page, slot) and page.state == RESIDENT
 
         c._table = _RacingTable(tier.table, "a", race)
+        # the value a had when the lookup found it: the read came first
+        assert c.get("a", "missing") == b"value of a"
         assert c.get("a", "missing") == "missing"
         assert c["b"] == b"value of b"
+        check_table(tier)
 
 
-def test_an_overwrite_between_the_two_lookups_gives_the_old_or_the_new_value(cache_dir):
+def test_an_overwrite_after_the_lookup_gives_the_old_value_or_the_new(cache_dir):
     with opened(cache_dir, page_size=4, max_pages=8) as c:
         c.set("a", b"old")
+        assert type(c._tier.table["a"]) is tuple
         c._table = _RacingTable(c._tier.table, "a", lambda: c.set("a", b"new"))
-        assert c.get("a") == b"new"   # the overwrite keeps the slot: read after it
-        assert c.stats().memory_hits == 1
+        # the first overwrite replaces the tuple the lookup found with a list
+        assert c.get("a") == b"old"
+        entry = c._tier.table["a"]
+        assert type(entry) is list
+        c._table = _RacingTable(c._tier.table, "a", lambda: c.set("a", b"newer"))
+        # later ones store into that list, which the read loads from after them
+        assert c.get("a") == b"newer"
+        assert c._tier.table["a"] is entry
+        assert c.stats().memory_hits == 2
+        check_table(c._tier)
 
 
-def test_an_eviction_between_the_two_lookups_falls_back_to_the_locked_path(cache_dir):
+def test_an_eviction_after_the_lookup_serves_the_value_and_keeps_the_lru_sound(cache_dir):
     with opened(cache_dir, page_size=1, max_pages=2) as c:
         c.set("a", b"value of a")
         c.flush()
@@ -74,14 +89,17 @@ def test_an_eviction_between_the_two_lookups_falls_back_to_the_locked_path(cache
             assert "a" not in c._tier.table
 
         c._table = _RacingTable(c._tier.table, "a", race)
-        assert c.get("a") == b"value of a"   # found through the store
+        assert c.get("a") == b"value of a"   # live when the lookup found it
+        _check_lru_heap(c._tier)             # the stray touch of a dropped page
+        c._table = c._tier.table
+        assert c.get("a") == b"value of a"   # now through the store
         assert c.stats().store_hits == 1
+        _check_lru_heap(c._tier)
 
 
 class _RacingTicks:
     """Stands in for the LRU tick counter: the next tick drawn runs ``race``
-    first. get() draws it after checking the slot's expiry and before
-    reading the value."""
+    first. get() draws it after the lookup, before returning the value."""
 
     def __init__(self, ticks, race) -> None:
         self.ticks, self.race = ticks, race
@@ -93,35 +111,47 @@ class _RacingTicks:
         return next(self.ticks)
 
 
-def test_an_overwrite_with_an_expiry_during_the_read_is_never_served_unexpired(cache_dir):
+def test_an_overwrite_with_an_expiry_is_never_served_from_the_lookup_alone(cache_dir):
     # At 1.7e9 s a TTL of 1e-7 s rounds away (expire_at == now): the entry
     # is expired as it is stored, so its value is never live.
     clock = Clock(1.7e9)
     with opened(cache_dir, page_size=4, max_pages=8, clock=clock) as c:
         c.set("b", b"old")
         c.set("b", b"never live", expire=1e-7)
+        assert c._tier.table["b"][2] is HAS_TTL
         assert c.get("b") is None
         c.set("a", b"old")
         c._ticks = _RacingTicks(c._tier.ticks,
                                 lambda: c.set("a", b"never live", expire=1e-7))
+        assert c.get("a") == b"old"   # found before the overwrite
         assert c.get("a") is None
-        assert c.get("a") is None
+        check_table(c._tier)
 
 
-def test_in_looks_again_when_the_entry_moves_between_its_two_lookups(cache_dir):
-    # (True would also be right here: "a" was there at the first lookup. The
-    # locked path answers instead, as it must in the next test.)
+def test_an_entry_that_loses_its_expiry_is_read_without_the_lock_again(cache_dir):
+    with opened(cache_dir, page_size=4, max_pages=8) as c:
+        c.set("a", b"1", expire=60)
+        assert c._tier.table["a"][2] is HAS_TTL
+        c.set("a", b"2")
+        assert c._tier.table["a"][2] == b"2"
+        with c._lock:
+            assert run_with_timeout(lambda: c.get("a"), 5.0) == b"2"
+        check_table(c._tier)
+
+
+def test_in_answers_for_the_instant_of_its_lookup(cache_dir):
     with opened(cache_dir, page_size=1, max_pages=8) as c:
         c.set("a", b"1")
         c._table = _RacingTable(c._tier.table, "a", lambda: (c.delete("a"), c.set("b", b"2")))
+        assert "a" in c   # it was there when the lookup found it
         assert "a" not in c
         assert "b" in c
 
 
 def test_in_never_finds_an_expired_entry_whose_slot_was_reused(cache_dir):
-    # An expired entry "a" stays in its slot until something purges it; if
-    # its slot goes to a key without a TTL between the lookups, the page's
-    # TTL count drops to 0 and only the second lookup tells.
+    # An expired entry "a" stays in its slot until something purges it. Its
+    # tuple says HAS_TTL, so `in` checks the expiry under the lock, even
+    # when the slot goes to a key without a TTL after the lookup.
     clock = Clock(1000)
     with opened(cache_dir, page_size=1, max_pages=8, clock=clock) as c:
         c.set("a", b"1", expire=1)
@@ -130,7 +160,7 @@ def test_in_never_finds_an_expired_entry_whose_slot_was_reused(cache_dir):
         def race() -> None:
             c.get("a")            # purges the expired entry, freeing its slot
             c.set("b", b"2")      # which "b" takes, with no TTL
-            assert c._tier.table["b"][0].ttl_n == 0
+            assert c._tier.table["b"][2] == b"2"
 
         c._table = _RacingTable(c._tier.table, "a", race)
         assert "a" not in c
@@ -216,6 +246,7 @@ def test_gets_racing_sets_deletes_and_evictions_never_see_another_keys_value(cac
             run_threads(worker, 3)
             assert wrong == []
             _check_lru_heap(c._tier)
+            check_table(c._tier)
             for n in range(3_000 - len(keys), 3_000):  # the writer's last change to each key
                 k = keys[n % len(keys)]
                 assert c.get(k) == (None if n % 7 == 3 else f"{k}={n}".encode())
