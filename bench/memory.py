@@ -7,7 +7,10 @@ caller, so what is counted is the structure's own overhead per entry: hash
 table slots, per-entry tuples or nodes, pages, LRU links. For durablekv the
 empty cache is opened before the baseline (its fixed cost is not per entry),
 every key is resident (``max_pages`` large enough), and the count is taken
-after ``flush()`` (no dirty page snapshots alive). tracemalloc sees Python's
+after ``flush()`` (no dirty page snapshots alive). ``durablekv-ps16-overwritten``
+then overwrites every key once more (values of the same size): an entry's
+first overwrite turns its page-table entry from a tuple into a list, which
+costs more, so both states are reported. tracemalloc sees Python's
 allocator only: SQLite's own page cache (C malloc, at most a few MiB) is
 not counted, which is why the peak RSS of the sustained case is reported too.
 """
@@ -27,19 +30,24 @@ from typing import Any
 
 from .util import REPO, Settings, note, summarize
 
-IMPLS = ("dict", "odict-lru", "cachetools", "durablekv-ps16", "durablekv-ps1")
+IMPLS = ("dict", "odict-lru", "cachetools", "durablekv-ps16", "durablekv-ps16-overwritten",
+         "durablekv-ps1")
 NAMES = {"dict": "dict", "odict-lru": "OrderedDict LRU", "cachetools": "cachetools.LRUCache",
-         "durablekv-ps16": "durablekv (page_size=16)", "durablekv-ps1": "durablekv (page_size=1)"}
+         "durablekv-ps16": "durablekv (page_size=16)",
+         "durablekv-ps16-overwritten": "durablekv (page_size=16, every key overwritten once)",
+         "durablekv-ps1": "durablekv (page_size=1)"}
 
 
 def measure(impl: str, n: int) -> dict[str, Any]:
     keys = [f"m:{i:014d}" for i in range(n)]
     values = [os.urandom(100) for _ in range(n)]
+    # the overwrite's values exist before tracing too, and replace equal-sized ones
+    again = [os.urandom(100) for _ in range(n)] if impl.endswith("-overwritten") else None
     tmp = None
     holder: Any = None
     if impl.startswith("durablekv"):
         from durablekv import Cache
-        ps = int(impl.rsplit("ps", 1)[1])
+        ps = int(impl.split("-")[1][2:])
         tmp = tempfile.mkdtemp(prefix="durablekv-mem-")
         holder = Cache(tmp, page_size=ps, max_pages=math.ceil(n / ps) + 4)
     gc.collect()
@@ -64,6 +72,10 @@ def measure(impl: str, n: int) -> dict[str, Any]:
         s = holder.set
         for k, v in zip(keys, values):
             s(k, v)
+        if again is not None:
+            for k, v in zip(keys, again):
+                s(k, v)
+            values = again  # the caller still holds every value the cache holds
         holder.flush()
     gc.collect()
     current, peak = tracemalloc.get_traced_memory()

@@ -115,7 +115,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         "ratio = measured rate / 500k/s"))
     mem = res.get("memory", [])
     a = _find(mem, impl="cachetools")
-    for impl in ("durablekv-ps16", "durablekv-ps1"):
+    for impl in ("durablekv-ps16", "durablekv-ps16-overwritten", "durablekv-ps1"):
         d = _find(mem, impl=impl)
         ratio = d["median"] / a["median"] if d and a else None
         out.append(_target(
