@@ -738,8 +738,9 @@ class Cache(MutableMapping):
         self._store = self._log = self._batcher = None
         self._lock_fd = None
 
-    def _locate(self, key: Any) -> tuple[Page, int] | None:
-        """Find a key whose page is not in memory: key index, then page fault.
+    def _locate(self, key: Any) -> tuple | list | None:
+        """Find a key whose page is not in memory: key index, then page fault;
+        return its page-table entry ``(page, slot, value)`` (see MemoryTier).
 
         A key of a subclass (an ``IntEnum`` member, a namedtuple) is looked
         up as the plain key it equals (:func:`~durablekv.codec.lookup_key`),
@@ -850,8 +851,9 @@ class Cache(MutableMapping):
             raise self._damaged(f"page {pid} cannot be decoded: {exc}") from exc
         return slots, keys, values, expires
 
-    def _ref(self, key: Any, now_fn=None) -> tuple[Page, int] | None:
-        """(page, slot) of a live key, faulting its page in; None when absent.
+    def _ref(self, key: Any, now_fn=None) -> tuple | list | None:
+        """The page-table entry ``(page, slot, value)`` of a live key, faulting
+        its page in; None when absent.
 
         Expired entries found on the way are removed (lock held).
         """
@@ -900,7 +902,7 @@ class Cache(MutableMapping):
             self._cond.wait(0.5)
 
     def _apply_set(self, key: Any, held: Any, expire_at: float | None,
-                   ref: tuple[Page, int] | None, lsn: int, nbytes: int) -> None:
+                   ref: tuple | list | None, lsn: int, nbytes: int) -> None:
         """Apply a logged set (lock held). ``nbytes``: encoded key + value size."""
         tier = self._tier
         now = _REAL_MONOTONIC[0]()
@@ -1227,9 +1229,9 @@ class Cache(MutableMapping):
         self.set(key, value)
 
     def _logged_set(self, key: Any, kb: bytes, vb: bytes, held: Any, expire_at: float | None,
-                    ref: tuple[Page, int] | None, nbytes: int) -> int:
+                    ref: tuple | list | None, nbytes: int) -> int:
         """Log a set and apply it (lock held); return its LSN. ``ref``: the
-        key's live ``(page, slot)`` or None (see :meth:`_apply_set`)."""
+        key's live page-table entry or None (see :meth:`_apply_set`)."""
         lsn = self._append(OP_SET, kb, vb, expire_at)
         self._apply_set(key, held, expire_at, ref, lsn, nbytes)
         self._sets += 1

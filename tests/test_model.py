@@ -111,7 +111,7 @@ class CacheVsDict(RuleBasedStateMachine):
         """get() right after the clock moves, before anything else (len()
         in the invariant) purges what expired: entries past their TTL are
         still on their pages, and a memory hit must not serve them (it reads
-        a page's TTL count, not the slot's expiry, when the count is 0)."""
+        the page-table entry, which holds HAS_TTL for them, not the expiry)."""
         self.clock.now += dt
         self._drop_expired()
         for key in ALL_KEYS:
