@@ -1458,29 +1458,29 @@ class Cache(MutableMapping):
             self._sync(lsn)
 
     def __len__(self) -> int:
-        """Live entries (expired ones are purged first, so they never count)."""
+        """Live entries: expired ones never count.
+
+        Expired entries in memory are removed; those on pages only in SQLite
+        are counted there (one indexed query) and left for a later access to
+        remove, so ``len()`` faults no page in and leaves the LRU order as
+        it was."""
         with self._lock:
             self._check_open()
-            if self._ttl_count:
-                self._purge_expired()
-            return self._count
-
-    def _purge_expired(self) -> None:
-        # Memory first, then each faulted-in page at once: a page fault may
-        # evict (and drop) a clean page, so expired entries must be removed
-        # (making their page dirty, hence kept) before the next fault.
-        now = self._now()
-        doomed = [k for k, (p, s, v) in self._tier.table.items()
-                  if v is HAS_TTL and now >= p.expires[s]]
-        for k in doomed:
-            self._expire(k)
-        if not self._clear_pending:
-            for pid in self._store.pages_with_expired(now):
-                if pid not in self._tier.pages:
-                    page = self._fault_in(pid)
-                    for _, k, _, e in list(page.entries()):
-                        if e is not None and now >= e:
-                            self._expire(k)
+            if not self._ttl_count:
+                return self._count
+            now = self._now()
+            doomed = [k for k, (p, s, v) in self._tier.table.items()
+                      if v is HAS_TTL and now >= p.expires[s]]
+            for k in doomed:
+                self._expire(k)
+            if self._clear_pending or not self._ttl_count:
+                return self._count
+            # A page not in memory is exactly as committed, and its index
+            # rows carry its entries' expiries; a page in memory was counted
+            # above.
+            pages = self._tier.pages
+            return self._count - sum(n for pid, n in self._store.expired_by_page(now)
+                                     if pid not in pages)
 
     def _snapshot_keys(self) -> list[Any]:
         keys, stored = self._snapshot()

@@ -703,12 +703,13 @@ class SQLitePageStore:
                 for (key,) in rows:
                     yield key
 
-    def pages_with_expired(self, now: float) -> list[int]:
-        """Ids of committed pages holding an entry with ``expire_at <= now``."""
+    def expired_by_page(self, now: float) -> list[tuple[int, int]]:
+        """``(page_id, entries)`` for each committed page holding entries with
+        ``expire_at <= now`` (epoch seconds), through the expiry index."""
         with _translate(self.path, "expiry scan"):
-            return [r[0] for r in self._r.execute(
-                "SELECT DISTINCT page_id FROM keys WHERE expire_at IS NOT NULL AND expire_at <= ?",
-                (now,))]
+            return self._r.execute(
+                "SELECT page_id, COUNT(*) FROM keys WHERE expire_at IS NOT NULL "
+                "AND expire_at <= ? GROUP BY page_id", (now,)).fetchall()
 
     def any_key(self, exclude_pages: set[int]) -> tuple[bytes, bytes | None] | None:
         """Some committed ``(key, orig)`` on a page not in ``exclude_pages``, or None."""
