@@ -1162,8 +1162,10 @@ class Cache(MutableMapping):
             vb = b"b" + _U32_PACK(len(value)) + value
             held = value
             nbytes = len(kb) + len(vb)
+            ck = kb  # a str key's encoding is its canonical key
         else:
             kb, vb, held, nbytes = self._encode_entry(key, value)
+            ck = None
         with self._lock:
             if self._state is not _OPEN:
                 self._check_open()
@@ -1203,6 +1205,25 @@ class Cache(MutableMapping):
                         expire_at = None
                     else:
                         lsn_to_sync = None
+                elif ck is not None and (self._absent is key or self._clear_pending or (
+                        self._filter.ready and ck not in self._filter)):
+                    # A new key that SQLite cannot hold either (the look-aside
+                    # miss, a pending clear, or the key filter says so): the
+                    # steps of _logged_set for an insert, without the calls
+                    # (_ref and _locate would ask the same questions again).
+                    lsn = self._last_lsn + 1
+                    if self._log is not None:
+                        self._log.append(lsn, OP_SET, kb, vb, None)
+                    self._last_lsn = lsn
+                    tier.insert(key, held, None, _REAL_MONOTONIC[0](), lsn, nbytes)
+                    self._absent = _MISSING
+                    self._count += 1
+                    self._sets += 1
+                    if tier.pending * 2 >= self.max_pending_pages:
+                        self._batcher.kick(urgent=True)
+                    elif len(tier.dirty) == self.flush_batch_pages:
+                        self._batcher.kick()
+                    lsn_to_sync = lsn
                 else:
                     lsn_to_sync = None
                 expire_at = None
