@@ -404,17 +404,18 @@ class MemoryTier:
             slots.reverse()  # the order insert()'s free_slots.pop() takes them in
             s0 = slots[0]
             end = i + k
+            ks, vs, es = keys[i:end], held[i:end], expires[i:end]
             if slots == list(range(s0, s0 + k)):
-                page.keys[s0:s0 + k] = keys[i:end]
-                page.values[s0:s0 + k] = held[i:end]
-                page.expires[s0:s0 + k] = expires[i:end]
+                page.keys[s0:s0 + k] = ks
+                page.values[s0:s0 + k] = vs
+                page.expires[s0:s0 + k] = es
             else:
                 pk, pv, pe = page.keys, page.values, page.expires
-                for j, slot in enumerate(slots, i):
-                    pk[slot] = keys[j]
-                    pv[slot] = held[j]
-                    pe[slot] = expires[j]
-            table.update(zip(keys[i:end], _entries(page, slots, held[i:end], expires[i:end])))
+                for j, slot in enumerate(slots):
+                    pk[slot] = ks[j]
+                    pv[slot] = vs[j]
+                    pe[slot] = es[j]
+            table.update(zip(ks, _entries(page, slots, vs, es)))
             page.used += k
             page.nbytes += size
             page.keys_version += 1
