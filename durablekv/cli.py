@@ -658,6 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except TraceFormatError as exc:
+        if getattr(args, "format", "auto") != "auto" and not exc.format_given:
+            # the readers do not know --format was given: do not suggest it
+            exc = TraceFormatError(exc.path, exc.line, exc.detail, format_given=True)
         print(f"durablekv: bad trace: {_for_cli(exc, flags)}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:

@@ -39,6 +39,7 @@ pickle can run arbitrary code.
 
 from __future__ import annotations
 
+import enum
 import pickle
 import struct
 from typing import Any, Callable, Iterable
@@ -101,6 +102,14 @@ def _enc(obj: Any, out: list, allow_containers: bool, what: str) -> None:
                    "str, bytes, int, float, bool, None and tuples of these")
         hint = (" (pass serializer='pickle' to store arbitrary picklable objects)"
                 if allow_containers else "")
+        base = next((b for b in (int, float, str, bytes, tuple, list, dict)
+                     if isinstance(obj, b)), None)
+        if base is not None and t is not base and \
+                not (base in (list, dict) and not allow_containers):
+            # a subclass (an IntEnum member, a namedtuple, a str enum): its
+            # plain value is storable, and reads back as the plain type
+            plain = "its .value" if isinstance(obj, enum.Enum) else f"{base.__name__}(x)"
+            hint += f"; it is a subclass of {base.__name__}: pass the plain value, {plain}"
         # "store" only for values: a key of this type is refused by reads too
         doing = f"cannot store {what} of type" if allow_containers else f"unsupported {what} type"
         raise TypeError(

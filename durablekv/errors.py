@@ -261,16 +261,22 @@ class TraceFormatError(DurableKVError, ValueError):
 
     :ivar path: the trace file.
     :ivar line: 1-based line (text formats) or record number (binary), or None.
+    :ivar format_given: the format was named (``--format``), not detected: the
+        message then does not suggest naming one.
     """
 
-    def __init__(self, path: str, line: int | None, detail: str) -> None:
+    def __init__(self, path: str, line: int | None, detail: str,
+                 format_given: bool = False) -> None:
         self.path = path
         self.line = line
         self.detail = detail
+        self.format_given = format_given
         where = f"{path}:{line}" if line is not None else path
+        fix = ("check that the file is in the format --format names"
+               if format_given else "or pass --format explicitly")
         super().__init__(
             f"{where}: {detail}; see `durablekv replay --help` for the supported "
-            "formats, or pass --format explicitly"
+            f"formats, {fix}"
         )
 
 

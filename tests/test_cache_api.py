@@ -1056,8 +1056,10 @@ def test_an_intenum_or_strenum_key_reads_like_a_dict_and_writes_refuse_it(tmp_pa
             for write in writes:
                 place(plain)
                 lsn = c.stats().last_lsn
-                with pytest.raises(TypeError, match="unsupported key type"):
+                with pytest.raises(TypeError, match="unsupported key type") as info:
                     write(key)
+                if not isinstance(key, tuple):
+                    assert "pass the plain value, its .value" in str(info.value)
                 assert c.stats().last_lsn == lsn  # nothing logged
         assert {k: c[k] for k in stored} == stored
 

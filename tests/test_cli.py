@@ -154,6 +154,11 @@ def test_bad_trace_gets_a_clear_error(tmp_path, capsys):
     assert main(["replay", str(bad), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "bad.lis:3" in err and "Traceback" not in err
+    assert "pass --format explicitly" in err
+    # named with --format: the advice is to check the file, not to name one
+    assert main(["replay", str(bad), "--format", "arc", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.lis:3" in err and "--format names" in err and "explicitly" not in err
 
 
 def test_unknown_format_and_missing_file(tmp_path, capsys):
