@@ -358,6 +358,7 @@ class Cache(MutableMapping):
         self._clock = clock
         self._clock_offset = 0.0
         self._last_now = -math.inf
+        self._ttl_clock = (0.0, -math.inf)  # (offset, TTL time) for the store: see _now
         if os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"cache directory {path!r} is a file, not a directory; "
                               "name a directory (it is created if missing)")
@@ -416,6 +417,7 @@ class Cache(MutableMapping):
         self.page_size = store.page_size
         self.max_pages = max_pages
         # TTL time carries on from where the last open left it (see _now)
+        self._ttl_clock = store.ttl_clock
         self._clock_offset, self._last_now = store.ttl_clock
         self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
         self._cond = threading.Condition(self._lock)  # back-pressure waits
@@ -699,15 +701,15 @@ class Cache(MutableMapping):
         When the wall clock steps back, TTL time does not: an offset is added
         to the wall clock from then on, so that no entry outlives its TTL (it
         only ever expires early, never late). The offset and the TTL time
-        reached go to the store with every flush (a step back asks for one
-        at once) and at a clean close, and an open starts from them: a wall
-        clock that is behind then, because it stepped back while the cache
-        was closed, is stepped over the same way."""
+        reached go to the store with the next flush (which a step back asks
+        for at once), and an open starts from them (a wall clock still or
+        again behind is stepped over the same way)."""
         raw = self._clock() if self._clock is not None else time.time()
         now = raw + self._clock_offset
         if now < self._last_now:
             self._clock_offset += self._last_now - now
             now = self._last_now
+            self._ttl_clock = (self._clock_offset, now)
             if self._batcher is not None:
                 self._batcher.kick(urgent=True)
         self._last_now = now
@@ -1718,21 +1720,17 @@ class Cache(MutableMapping):
             del _open_caches[id(self)]
         if self._batcher is not None:
             self._batcher.stop()
-        ttl_clock = (self._clock_offset, self._last_now)
-        if clean and self._store is not None and ttl_clock != self._store.ttl_clock:
-            # TTL time moved on (or the clock stepped back) since the last
-            # flush: store where it got to, with nothing else changed, so that
-            # entries seen expired stay expired if the next open finds the
-            # wall clock behind.
+        if clean and self._store is not None and self._ttl_clock != self._store.ttl_clock:
+            # The clock stepped back since the last flush (which would have
+            # stored the offset): store it now, with nothing else changed.
             store = self._store
             try:
                 store.write_batch([], store.checkpoint_lsn, store.key_count,
-                                  store.ttl_key_count, ttl_clock=ttl_clock)
+                                  store.ttl_key_count, ttl_clock=self._ttl_clock)
             except StoreError as exc:
-                log.error("closing %s: could not store the TTL clock (%s); if the wall clock "
-                          "is behind at the next open, entries that expired may be served "
-                          "again, and TTLs set since it stepped back may last up to %.0f s "
-                          "longer", self.path, exc, self._clock_offset)
+                log.error("closing %s: could not store the TTL clock's offset (%s); after "
+                          "the restart, TTLs set since the wall clock stepped back may "
+                          "last up to %.0f s longer", self.path, exc, self._ttl_clock[0])
         if self._log is not None:
             self._log.close(remove=clean)
         if self._store is not None:
@@ -1913,8 +1911,8 @@ class Cache(MutableMapping):
             tier = self._tier
             if not tier.dirty and not self._clear_pending and \
                     self._last_lsn <= self._store.checkpoint_lsn and \
-                    self._clock_offset == self._store.ttl_clock[0]:
-                return None  # (a new offset is stored at once; TTL time alone can wait)
+                    self._ttl_clock == self._store.ttl_clock:
+                return None
             # A commit follows (see Store.pause_snapshot). First, so that a
             # failure here leaves no page marked as in flight.
             self._store.pause_snapshot()
@@ -1923,7 +1921,7 @@ class Cache(MutableMapping):
                       tier.start_flush(p))
                      for p in tier.dirty.values()]
             return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn,
-                             (self._clock_offset, self._last_now))
+                             self._ttl_clock)
 
     def flush_done(self, snap: _Snapshot, indices: list[int] | None,
                    added: list[bytes]) -> None:

@@ -13,9 +13,9 @@ Tables:
   (see :func:`durablekv.codec.canonical_key`) to the page holding the entry.
 * ``meta(name, value)``: ``page_size`` and ``serializer`` (fixed at creation),
   ``checkpoint_lsn``, ``key_count`` and ``ttl_key_count`` (set by every flush),
-  and, once the cache has read its TTL clock, ``ttl_clock_offset`` (seconds
-  added to the wall clock after it went back) and ``ttl_clock_now`` (the
-  latest TTL time reached), so that TTL time stays monotonic across opens.
+  and, once the TTL clock has had to step over a wall clock that went back,
+  ``ttl_clock_offset`` (seconds added to the wall clock) and ``ttl_clock_now``
+  (the latest TTL time then), so that TTL time stays monotonic across opens.
 
 Page blob format, version 2 (little-endian, columnar, so that a page fault
 reads every header with one ``struct`` call and every key with one decode)::

@@ -9,7 +9,6 @@ clock. Nothing sleeps to let TTL time pass: it moves only when a test moves it.
 from __future__ import annotations
 
 import math
-import os
 from decimal import Decimal
 from fractions import Fraction
 import sqlite3
@@ -28,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from durablekv import Cache, ConfigError
 
-from .conftest import REPO, Clock, open_cache, opened, run_with_timeout
+from .conftest import Clock, open_cache, opened, run_with_timeout
 
 
 def test_br001_boundary_with_injected_clock(tmp_path):
@@ -462,7 +461,7 @@ def test_a_step_back_asks_for_an_urgent_cycle_which_stores_the_offset(tmp_path, 
         clock.now = 0
         c.get("k")
         assert kicks == [{"urgent": True}]
-        assert c._store.ttl_clock == (0.0, 1000.0)   # the flush stored the TTL time
+        assert c._store.ttl_clock == (0.0, -math.inf)
         c._batcher.stop()          # run the cycle the kick asked for here
         c._batcher.run_cycle()
         assert c._store.ttl_clock == (1000.0, 1000.0)
@@ -479,55 +478,23 @@ def test_a_clean_close_stores_the_offset_no_flush_has_stored(tmp_path, monkeypat
     monkeypatch.setattr(c._batcher, "kick", lambda *a, **kw: None)
     clock.now = 0                      # back 1000 s, seen by the get
     assert c.get("k") == "v"
-    assert c._store.ttl_clock[0] != c._clock_offset
+    assert c._store.ttl_clock != c._ttl_clock
     run_with_timeout(c.close)
     clock.now = 200                    # 200 s later: past the 100 s TTL
     with opened(d, clock=clock) as c:
         assert c.get("k") is None
 
 
-_SEE_EXPIRED = """
-import sys
-from durablekv import Cache
-now = [1000.0]
-c = Cache(sys.argv[1], clock=lambda: now[0], page_size=1, max_pages=1)
-c.set("a", 1, expire=5)    # only in SQLite once "b" takes the one page in memory
-c.set("b", 2, expire=10)
-c.flush()
-now[0] = 2000.0
-assert len(c) == 0 and "b" not in c   # "a" is counted expired in SQLite, left there
-c.set("x", 3)     # a change, so that a flush runs and stores the TTL time
-c.flush()
-if sys.argv[2] == "close":
-    c.close()
-print("ready", flush=True)
-sys.stdin.readline()
-"""
-
-
-@pytest.mark.parametrize("how", ["close", "sigkill"])
-def test_an_entry_seen_expired_stays_expired_when_the_clock_is_behind_at_the_next_open(
-        tmp_path, how):
-    """The clock went back while the cache was closed (or after its last
-    flush, before the process was killed): entries the cache had already
-    seen expire must not come back, since expiring one writes no log record."""
-    d = tmp_path / "c"
-    proc = subprocess.Popen([sys.executable, "-c", _SEE_EXPIRED, str(d), how],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)))
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-    finally:
-        proc.kill()
-        proc.wait()
-    clock = Clock(1003)          # behind the 2000 the cache reached, before both deadlines
-    with opened(d, clock=clock) as c:
-        assert len(c) == 1 and c.get("a") is None and c.get("b") is None and c["x"] == 3
-        c.set("n", 1, expire=10)   # TTLs set now run from the TTL time, 2000
-        clock.now = 1012
-        assert c.get("n") == 1
-        clock.now = 1013
-        assert c.get("n") is None
+def test_a_clock_that_never_went_back_writes_no_ttl_clock(tmp_path):
+    clock = Clock(1000)
+    with opened(tmp_path / "c", clock=clock) as c:
+        c.set("a", 1, expire=5)
+        clock.now += 1
+        c.get("a")
+    conn = sqlite3.connect(tmp_path / "c" / "pages.sqlite3")
+    names = {r[0] for r in conn.execute("SELECT name FROM meta")}
+    conn.close()
+    assert not names & {"ttl_clock_offset", "ttl_clock_now"}
 
 
 def test_ttl_expiry_of_many_spilled_pages_keeps_len_exact(tmp_path):
