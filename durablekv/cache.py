@@ -2031,13 +2031,14 @@ def _memoize_key_message(prefix: str, args: tuple, kwargs: dict, exc: TypeError)
             _codec.check_key(value)
         except TypeError as why:
             if isinstance(value, list):
-                fix = "pass a tuple instead of the list"
-            elif isinstance(value, (str, int, float, bytes)):
-                fix = "pass the plain value (e.g. an enum member's .value)"
+                fix = "; pass a tuple instead of the list"
+            elif isinstance(value, (str, int, float, bytes, tuple)) and \
+                    type(value) not in (str, int, float, bytes, tuple):
+                fix = ""  # a subclass: the key error already says to pass the plain value
             else:
-                fix = "pass a value of one of those types"
+                fix = "; pass a value of one of those types"
             return (f"memoized {prefix}(): {label} ({value!r:.60}) cannot be part of a cache "
-                    f"key: {why}; {fix}")
+                    f"key: {why}{fix}")
     return f"memoized {prefix}(): its arguments cannot be a cache key: {exc}"
 
 

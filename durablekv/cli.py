@@ -121,7 +121,8 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
             elif size > max_value:
                 raise TraceFormatError(getattr(trace, "path", "?"), None,
                                        f"request {requests}: value size {size} bytes is over "
-                                       f"the cache's max_value_bytes ({max_value})")
+                                       f"the cache's max_value_bytes ({max_value})",
+                                       about_format=False)
             if op == "get":
                 gets += 1
                 t0 = perf()
@@ -658,7 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except TraceFormatError as exc:
-        if getattr(args, "format", "auto") != "auto" and not exc.format_given:
+        if getattr(args, "format", "auto") != "auto" and exc.about_format and \
+                not exc.format_given:
             # the readers do not know --format was given: do not suggest it
             exc = TraceFormatError(exc.path, exc.line, exc.detail, format_given=True)
         print(f"durablekv: bad trace: {_for_cli(exc, flags)}", file=sys.stderr)

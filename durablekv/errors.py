@@ -263,15 +263,21 @@ class TraceFormatError(DurableKVError, ValueError):
     :ivar line: 1-based line (text formats) or record number (binary), or None.
     :ivar format_given: the format was named (``--format``), not detected: the
         message then does not suggest naming one.
+    :ivar about_format: False for a well-formed request the replay cannot
+        take (a value over ``max_value_bytes``): no advice on formats.
     """
 
     def __init__(self, path: str, line: int | None, detail: str,
-                 format_given: bool = False) -> None:
+                 format_given: bool = False, about_format: bool = True) -> None:
         self.path = path
         self.line = line
         self.detail = detail
         self.format_given = format_given
+        self.about_format = about_format
         where = f"{path}:{line}" if line is not None else path
+        if not about_format:
+            super().__init__(f"{where}: {detail}")
+            return
         fix = ("check that the file is in the format --format names"
                if format_given else "or pass --format explicitly")
         super().__init__(

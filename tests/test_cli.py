@@ -242,9 +242,11 @@ def test_value_size_over_the_limit_names_the_request(tmp_path, capsys):
     trace.write_text("op_time,key,key_size,op,op_count,size,cache_hits,ttl\n"
                      "1,k1,2,SET,1,10,0,0\n"
                      "2,k2,2,SET,1,999999999999,0,0\n")
-    assert main(["replay", str(trace), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert "request 2" in err and "max_value_bytes" in err
+    for fmt in ([], ["--format", "cachelib"]):
+        assert main(["replay", str(trace), "--no-progress", *fmt]) == 2
+        err = capsys.readouterr().err
+        assert "request 2" in err and "max_value_bytes" in err
+        assert "--format" not in err   # the file is fine: no advice about formats
 
 
 def test_check_tells_errors_from_damage(tmp_path, capsys):
