@@ -674,3 +674,20 @@ def test_a_clock_that_raises_or_is_not_callable_is_refused_at_open(tmp_path):
         with opened(tmp_path / "c", clock=fine) as c:
             c.set("k", 1, expire=10)
             assert c["k"] == 1
+
+
+def test_a_session_on_another_clock_leaves_no_offset_for_the_next(tmp_path):
+    """A session whose clock is far behind (a replay on a trace's own
+    timestamps) must not push TTL time ahead for the sessions after it:
+    only a step back seen while the cache is open moves TTL time off the
+    clock."""
+    d = tmp_path / "c"
+    wall = Clock(1_700_000_000)
+    with opened(d, clock=wall) as c:
+        c.set("session", b"s", expire=3600)
+    with opened(d, clock=Clock(50)) as c:   # e.g. durablekv replay --dir d
+        c.set("t", b"x", expire=30)
+        assert c.get("session") == b"s"     # deadlines are read against this clock
+    with opened(d, clock=wall) as c:
+        assert c.get("session") == b"s" and c.get("t") is None
+        assert c._now() == wall.now
