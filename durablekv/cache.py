@@ -788,7 +788,6 @@ class Cache(MutableMapping):
         if row is None:
             row = self._store.read_page(pid)
         slots, keys, values, expires = self._decode_page(pid, row)
-        self._check_disjoint(pid, keys)
         return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
 
     def _check_disjoint(self, pid: int, keys: list[Any]) -> None:
@@ -811,12 +810,13 @@ class Cache(MutableMapping):
 
     def _decode_page(self, pid: int, row: tuple[int, bytes] | None
                      ) -> tuple[list[int], list[Any], list[Any], list[float | None]]:
-        """``(slots, keys, values, expires)`` of a stored page (``row`` =
-        ``(n_entries, blob)``, None when the key index named a page the store
-        lacks), values in their memory form.
+        """``(slots, keys, values, expires)`` of a stored page that is not in
+        memory (``row`` = ``(n_entries, blob)``, None when the key index named
+        a page the store lacks), values in their memory form.
 
-        :raises CorruptStoreError: the page is missing, cannot be decoded, or
-            disagrees with itself (the store is marked damaged).
+        :raises CorruptStoreError: the page is missing, cannot be decoded,
+            disagrees with itself, or holds a key the memory tier holds (see
+            :meth:`_check_disjoint`); the store is marked damaged.
         """
         if row is None:
             raise self._damaged(f"the key index points at page {pid}, which is missing")
@@ -849,6 +849,7 @@ class Cache(MutableMapping):
                 raise ValueError("it holds a key twice")
         except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
             raise self._damaged(f"page {pid} cannot be decoded: {exc}") from exc
+        self._check_disjoint(pid, keys)
         return slots, keys, values, expires
 
     def _ref(self, key: Any, now_fn=None) -> tuple | list | None:
@@ -1208,22 +1209,10 @@ class Cache(MutableMapping):
                 elif ck is not None and (self._absent is key or self._clear_pending or (
                         self._filter.ready and ck not in self._filter)):
                     # A new key that SQLite cannot hold either (the look-aside
-                    # miss, a pending clear, or the key filter says so): the
-                    # steps of _logged_set for an insert, without the calls
-                    # (_ref and _locate would ask the same questions again).
-                    lsn = self._last_lsn + 1
-                    if self._log is not None:
-                        self._log.append(lsn, OP_SET, kb, vb, None)
-                    self._last_lsn = lsn
-                    tier.insert(key, held, None, _REAL_MONOTONIC[0](), lsn, nbytes)
-                    self._absent = _MISSING
-                    self._count += 1
-                    self._sets += 1
-                    if tier.pending * 2 >= self.max_pending_pages:
-                        self._batcher.kick(urgent=True)
-                    elif len(tier.dirty) == self.flush_batch_pages:
-                        self._batcher.kick()
-                    lsn_to_sync = lsn
+                    # miss, a pending clear, or the key filter says so: the
+                    # questions _locate asks, with the key already encoded):
+                    # insert it without asking _ref again.
+                    lsn_to_sync = self._logged_set(key, kb, vb, held, None, None, nbytes)
                 else:
                     lsn_to_sync = None
                 expire_at = None
@@ -1604,7 +1593,6 @@ class Cache(MutableMapping):
                           if (e := self._scan_lookup(key, now)) is not None]
                 continue
             _slots, pkeys, values, expires = self._decode_page(pid, row)
-            self._check_disjoint(pid, pkeys)
             where = dict(zip(pkeys, range(len(pkeys))))
             for key in stored[pid]:
                 j = where.get(key)
@@ -1635,7 +1623,6 @@ class Cache(MutableMapping):
             return None  # gone, or its page is in memory and no longer holds it
         _slots, pkeys, values, expires = self._decode_page(
             found[0], None if found[1] is None else found[1:])
-        self._check_disjoint(found[0], pkeys)
         for j, k in enumerate(pkeys):
             if k == key:
                 if expires[j] is not None and now >= expires[j]:
