@@ -121,13 +121,6 @@ class Page:
         st = "resident" if self.state == RESIDENT else "pending"
         return f"<Page {self.page_id} {self.used}/{len(self.keys)} {st} v{self.version}>"
 
-    def entries(self) -> Iterator[tuple[int, Any, Any, float | None]]:
-        """Yield ``(slot, key, held_value, expire_at)`` for each used slot."""
-        keys, values, expires = self.keys, self.values, self.expires
-        for i, k in enumerate(keys):
-            if k is not EMPTY:
-                yield i, k, values[i], expires[i]
-
 
 def _entries(page: "Page", slots: Sequence[int], held: Sequence[Any],
              expires: Sequence[float | None]) -> Iterator[tuple[Page, int, Any]]:

@@ -19,6 +19,7 @@ import pytest
 
 from durablekv import Cache
 from durablekv.replaylog import HEADER, MAGIC, ReplayLog, list_segments, read_segment
+from durablekv.pages import EMPTY
 
 REPO = Path(__file__).resolve().parents[1]
 #: the batcher never runs unless asked (flush()/close() or back-pressure)
@@ -501,7 +502,7 @@ def test_bulk_recovery_keeps_pages_within_the_byte_limit(monkeypatch, seed):
         with cache._lock:
             for page in cache._tier.pages.values():
                 size = sum(len(_codec.encode_key(k)) + len(cache._codec.to_blob(v))
-                           for _, k, v, _ in page.entries())
+                           for k, v in zip(page.keys, page.values) if k is not EMPTY)
                 assert page.used <= 1 or size <= 64, (page, size)
 
     check_recovery(random_ops(rng, 200, flush_odds=0.03), random_ops(rng, 300),
