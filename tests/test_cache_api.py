@@ -1141,6 +1141,30 @@ def test_a_clear_during_a_scan_ends_it_with_what_memory_holds(tmp_path):
         assert dict(c.items()) == {19: "after the clear"}
 
 
+def test_an_index_row_that_disagrees_with_its_page_is_a_missing_entry_check_reports(
+        tmp_path, capsys):
+    """README: a scan raises for the damage a get would meet; an index row
+    naming a page that does not hold its key shows as a missing entry (as
+    it does to get), and durablekv check reports it."""
+    import sqlite3
+    from durablekv.cli import main
+    d = tmp_path / "c"
+    with Cache(d, page_size=4, max_pages=1) as c:
+        for i in range(16):
+            c[f"k{i}"] = i
+    con = sqlite3.connect(d / "pages.sqlite3")
+    pids = sorted(r[0] for r in con.execute("SELECT page_id FROM pages"))
+    con.execute("UPDATE keys SET page_id=? WHERE page_id=? AND key=?",
+                (pids[1], pids[0], b"s\x02\x00\x00\x00k0"))
+    con.commit()
+    con.close()
+    with Cache(d, max_pages=1) as c:
+        assert dict(c.items()) == {f"k{i}": i for i in range(1, 16)}
+        assert c.get("k0") is None
+    assert main(["check", str(d)]) == 1
+    assert "DAMAGE" in capsys.readouterr().out
+
+
 def test_a_scan_reports_a_stored_page_holding_a_key_memory_holds(tmp_path):
     import sqlite3
     from durablekv import CorruptStoreError
