@@ -1472,8 +1472,8 @@ class Cache(MutableMapping):
 
         Expired entries in memory are removed; those on pages only in SQLite
         are counted there (one indexed query) and left for a later access to
-        remove, so ``len()`` faults no page in and leaves the LRU order as
-        it was."""
+        remove, so ``len()`` faults no page in and evicts none (a page in
+        memory left empty by the removals leaves the LRU, as after a delete)."""
         with self._lock:
             self._check_open()
             if not self._ttl_count:
