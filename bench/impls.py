@@ -39,7 +39,7 @@ SETTINGS = {
     "cachetools.LRUCache + Lock": "the same LRUCache with every call made under one "
                                   "threading.Lock, as cachetools asks of a cache shared "
                                   "between threads (durablekv locks every call except a "
-                                  "get that hits memory).",
+                                  "get or `in` of an entry in memory with no TTL).",
     "diskcache.Cache": "diskcache.Cache(directory) with its defaults (SQLite WAL, "
                        "synchronous=NORMAL, size_limit 1 GiB, least-recently-stored eviction).",
     "diskcache.FanoutCache": "FanoutCache(directory) with its defaults (8 shards, timeout=0.010 "
