@@ -85,6 +85,9 @@ _FAULT_BATCH = 256
 #: pages read from the store.
 _SCAN_BATCH = 1024
 _SCAN_BATCH_PAGES = 64
+#: The expiry sweep takes the cache lock once per this many stored pages
+#: (about 30 us each: read, decode, remove the expired entries).
+_SWEEP_SLICE = 16
 
 
 def _count_of(counter: count) -> int:
@@ -444,6 +447,7 @@ class Cache(MutableMapping):
         self._failure: BaseException | None = None
         self._memory_hits = self._store_hits = self._misses = 0
         self._sets = self._deletes = self._expirations = 0
+        self._sweep_on = True  # the write-behind's expiry sweep (background_work)
         # memory hits of get()'s unlocked path: next() on a count is atomic
         # under the GIL, where `+= 1` on an attribute is not
         self._unlocked_hits = count()
@@ -988,8 +992,18 @@ class Cache(MutableMapping):
         self._filter_building = target
 
     def background_work(self) -> None:
-        """Batcher thread, between cycles: scan the store's keys into the filter
-        being built. No commit can happen meanwhile (this thread makes them)."""
+        """Batcher thread, between cycles: remove expired entries from stored
+        pages (:meth:`_sweep_expired`), and scan the store's keys into the
+        filter being built. No commit can happen meanwhile (this thread makes
+        them)."""
+        if self._sweep_on:
+            try:
+                self._sweep_expired()
+            except CorruptStoreError as exc:
+                # The store is marked damaged (the next open refuses it) and a
+                # get of that page's keys raises too; flushes must go on.
+                self._sweep_on = False
+                log.error("expiry sweep of %s stopped: %s", self.path, exc)
         with self._lock:
             target = self._filter_building
         if target is None:
@@ -1492,6 +1506,103 @@ class Cache(MutableMapping):
             return self._count - sum(n for pid, n in self._store.expired_by_page(now)
                                      if pid not in pages)
 
+    def expire(self) -> int:
+        """Remove every entry whose TTL has passed, in memory and in SQLite;
+        return how many were removed (int).
+
+        As diskcache's ``Cache.expire()``. Entries in memory go at once.
+        Pages only in SQLite that hold expired entries are found through the
+        expiry index and read; their expired entries are removed and the
+        write-behind rewrites them. Those pages wait for it outside the LRU
+        order (as evicted dirty pages do), so the working set stays resident
+        and no page fault is counted. Removing an expired entry writes no
+        log record: replaying its set re-creates an entry that is just as
+        expired.
+
+        The write-behind does the same on its own between flushes, up to
+        ``flush_batch_pages`` stored pages per flush interval, so entries
+        that expire unread do not stay on disk. Call this to reclaim them at
+        once, or to bound the work to one place (after a bulk expiry).
+
+        Back-pressure applies as for a write: while ``max_pending_pages``
+        pages wait for the write-behind, this waits with the lock released.
+
+        :raises CacheClosedError, CacheFailedError: closed or failed cache.
+        :raises WriteBehindError: pages are waiting and the write-behind is
+            failing.
+        :raises CorruptStoreError: a stored page cannot be decoded (the store
+            is marked damaged, as a get of one of its keys would).
+        """
+        with self._lock:
+            self._check_open()
+            if not self._ttl_count:
+                return 0
+            now = self._now()
+            tier = self._tier
+            doomed = [k for k, (p, s, v) in tier.table.items()
+                      if v is HAS_TTL and now >= p.expires[s]]
+            for k in doomed:
+                self._expire(k)
+            removed = len(doomed)
+            seen: set[int] = set()  # each stored page is read at most once
+            while self._ttl_count and not self._clear_pending:
+                room = self.max_pending_pages - tier.pending
+                if room <= 0:
+                    self._backpressure()  # the lock is released meanwhile
+                    continue
+                pids = self._store.expired_pages(now, tier.pages.keys() | seen, room)
+                if not pids:
+                    break
+                for pid in pids:
+                    seen.add(pid)
+                    removed += self._expire_stored_page(pid, now)
+            return removed
+
+    def _sweep_expired(self) -> int:
+        """Batcher thread, before each cycle: :meth:`expire`'s work on stored
+        pages, for at most ``flush_batch_pages`` of them, and only while
+        fewer than half of ``max_pending_pages`` pages wait (it never waits
+        for back-pressure: this thread is the one that relieves it). The
+        lock is taken once per ``_SWEEP_SLICE`` pages. The pages it dirties
+        go in the cycle that follows. Returns the entries removed."""
+        removed = 0
+        budget = self.flush_batch_pages
+        while budget > 0:
+            with self._lock:
+                tier = self._tier
+                if self._state is not _OPEN or not self._ttl_count or self._clear_pending:
+                    break
+                room = min(budget, _SWEEP_SLICE, self.max_pending_pages // 2 - tier.pending)
+                if room <= 0:
+                    break
+                now = self._now()
+                pids = self._store.expired_pages(now, tier.pages, room)
+                for pid in pids:
+                    removed += self._expire_stored_page(pid, now)
+            if len(pids) < room:
+                break
+            budget -= len(pids)
+        return removed
+
+    def _expire_stored_page(self, pid: int, now: float) -> int:
+        """Remove the entries of stored page ``pid`` (not in memory) expired
+        at ``now`` (lock held); return how many. The page is taken in as
+        pending, not resident, and dirtied: the write-behind rewrites it.
+
+        :raises CorruptStoreError: the page is missing or damaged.
+        """
+        row = self._store.read_page(pid)
+        slots, keys, values, expires = self._decode_page(pid, row)
+        doomed = [k for k, e in zip(keys, expires) if e is not None and now >= e]
+        if not doomed:
+            # Its index rows say otherwise: a disagreement that `durablekv
+            # check` reports; the page stays as it is.
+            return 0
+        self._tier.install(pid, slots, keys, values, expires, len(row[1]), resident=False)
+        for k in doomed:
+            self._expire(k)
+        return len(doomed)
+
     def _snapshot_keys(self) -> list[Any]:
         keys, stored = self._snapshot()
         for group in stored.values():
@@ -1707,6 +1818,17 @@ class Cache(MutableMapping):
             del _open_caches[id(self)]
         if self._batcher is not None:
             self._batcher.stop()
+            if clean and self._tier.dirty:
+                # Pages dirtied by no logged write (expired entries removed):
+                # close() waited by LSN only. One more cycle stores them. If
+                # it fails, nothing acknowledged is lost: the checkpoint
+                # already covers every write, and the entries read as expired.
+                try:
+                    self._batcher.run_cycle()
+                except Exception as exc:  # noqa: BLE001 - logged; see above
+                    log.warning("closing %s: pages whose expired entries were removed "
+                                "could not be stored (%r); they stay on disk, expired",
+                                self.path, exc)
         if clean and self._store is not None and self._ttl_clock != self._store.ttl_clock:
             # The clock stepped back since the last flush (which would have
             # stored the offset): store it now, with nothing else changed.

@@ -271,12 +271,16 @@ class MemoryTier:
         del self.pages[page.page_id]
 
     def install(self, page_id: int, slots: Sequence[int], keys: list[Any], values: list[Any],
-                expires: list[float | None], nbytes: int = 0) -> Page:
+                expires: list[float | None], nbytes: int = 0, *, resident: bool = True) -> Page:
         """Make a page read from the store resident (a page fault).
 
         :param slots, keys, values, expires: parallel sequences, one item per
             stored entry (``values`` in their memory form).
         :param nbytes: size of the stored page blob.
+        :param resident: False: take the page in as pending instead, outside
+            the LRU order (no eviction, no page fault counted). The caller
+            must dirty it at once (the expiry sweep removes entries from it):
+            only the write-behind takes a pending page out of memory again.
         """
         n = len(keys)
         if n == self.page_size and list(slots) == self._all_slots:
@@ -296,6 +300,10 @@ class MemoryTier:
         page.stored_ttl_n = n - expires.count(None)
         page.nbytes = nbytes
         self.pages[page_id] = page
+        if not resident:
+            page.state = PENDING
+            self.pending += 1
+            return page
         self.page_faults += 1
         self.make_resident(page)
         return page

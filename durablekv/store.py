@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import AbstractSet as Set
-from typing import Any, Iterator, Sequence
+from typing import Any, Container, Iterator, Sequence
 
 from .errors import ConfigError, CorruptStoreError, HeldKeyError, SchemaVersionError, StoreError
 from .replaylog import _fsync_dir
@@ -710,6 +710,26 @@ class SQLitePageStore:
             return self._r.execute(
                 "SELECT page_id, COUNT(*) FROM keys WHERE expire_at IS NOT NULL "
                 "AND expire_at <= ? GROUP BY page_id", (now,)).fetchall()
+
+    def expired_pages(self, now: float, skip: Container[int], limit: int) -> list[int]:
+        """Ids of up to ``limit`` committed pages, not in ``skip``, holding
+        entries with ``expire_at <= now`` (epoch seconds), through the expiry
+        index. The statement is finished before this returns, so later reads
+        see later commits."""
+        pids: list[int] = []
+        with _translate(self.path, "expiry scan"):
+            cur = self._r.execute(
+                "SELECT DISTINCT page_id FROM keys WHERE expire_at IS NOT NULL "
+                "AND expire_at <= ?", (now,))
+            try:
+                for (pid,) in cur:
+                    if pid not in skip:
+                        pids.append(pid)
+                        if len(pids) >= limit:
+                            break
+            finally:
+                cur.close()
+        return pids
 
     def any_key(self, exclude_pages: set[int]) -> tuple[bytes, bytes | None] | None:
         """Some committed ``(key, orig)`` on a page not in ``exclude_pages``, or None."""

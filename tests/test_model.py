@@ -1,7 +1,7 @@
 """Model-based test: the cache and a plain dict agree after every step.
 
 A hypothesis state machine drives set / get / delete / pop / expire (the
-injected clock moves) / flush / close-and-reopen / simulated crash on a
+injected clock moves; ``Cache.expire()``) / flush / close-and-reopen / simulated crash on a
 cache with a tiny memory tier, so pages are evicted, queued for write-behind
 and faulted back all the time.
 """
@@ -116,6 +116,22 @@ class CacheVsDict(RuleBasedStateMachine):
         self._drop_expired()
         for key in ALL_KEYS:
             assert self.cache.get(key, _ABSENT) == self.model.get(key, _ABSENT)
+
+    @rule(dt=st.sampled_from([0, 0.5, 1.0, 3.0]))
+    def clock_moves_then_expire(self, dt):
+        """expire() removes every expired entry, in memory and in SQLite,
+        and faults nothing in (what it removes the model dropped already)."""
+        self.clock.now += dt
+        self._drop_expired()
+        faults = self.cache.stats().page_faults
+        self.cache.expire()
+        assert self.cache.stats().page_faults == faults
+        tier, now = self.cache._tier, self.clock.now
+        assert not [k for k, (p, s, _) in tier.table.items()
+                    if p.expires[s] is not None and now >= p.expires[s]]
+        if not self.cache._clear_pending:
+            assert self.cache._store.expired_pages(now, tier.pages, 1) == []
+        assert self.cache.expire() == 0
 
     @rule()
     def flush(self):
