@@ -91,8 +91,8 @@ _SWEEP_SLICE = 16
 
 
 def _count_of(counter: count) -> int:
-    """How many values ``counter`` (an ``itertools.count()`` from 0, step 1)
-    has given: its repr is ``count(N)``, the next value."""
+    """The next value ``counter`` (an ``itertools.count``, step 1) will give:
+    its repr is ``count(N)``."""
     return int(repr(counter)[6:-1])
 
 
@@ -448,9 +448,6 @@ class Cache(MutableMapping):
         self._memory_hits = self._store_hits = self._misses = 0
         self._sets = self._deletes = self._expirations = 0
         self._sweep_on = True  # the write-behind's expiry sweep (background_work)
-        # memory hits of get()'s unlocked path: next() on a count is atomic
-        # under the GIL, where `+= 1` on an attribute is not
-        self._unlocked_hits = count()
         # The log exists in every mode at recovery time: a directory last used
         # with durability="log" may hold records that must be replayed.
         self._log = ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes)
@@ -1077,8 +1074,8 @@ class Cache(MutableMapping):
                 if v is not HAS_TTL:
                     page = ref[0]
                     if page.state == RESIDENT:
+                        # the tick is also the hit count (MemoryTier.ticks)
                         page.stamp = next(self._ticks)
-                        next(self._unlocked_hits)
                         return v if type(v) is not _Frozen else self._codec.decode(v.blob)
         return self._get_locked(key, default)
 
@@ -1101,6 +1098,7 @@ class Cache(MutableMapping):
                     return default
                 if page.state == RESIDENT:
                     page.stamp = next(self._ticks)
+                    self._tier.locked_ticks += 1
                     self._memory_hits += 1
                 else:
                     self._tier.fault_pending(page)
@@ -1215,6 +1213,7 @@ class Cache(MutableMapping):
                             if len(dirty) == self.flush_batch_pages:
                                 self._batcher.kick()
                         page.stamp = next(self._ticks)
+                        tier.locked_ticks += 1
                         self._sets += 1
                         lsn_to_sync = lsn
                         expire_at = None
@@ -1907,7 +1906,9 @@ class Cache(MutableMapping):
                 first = next(iter(dirty.values()))
                 if first.dirty_since is not None:
                     oldest = max(0.0, _REAL_MONOTONIC[0]() - first.dirty_since)
-            memory_hits = self._memory_hits + _count_of(self._unlocked_hits)
+            # lock-free hits: the LRU ticks not drawn under the lock
+            unlocked = _count_of(tier.ticks) - 1 - tier.locked_ticks
+            memory_hits = self._memory_hits + unlocked
             s = dict(
                 hits=memory_hits + self._store_hits, memory_hits=memory_hits,
                 store_hits=self._store_hits, misses=self._misses, sets=self._sets,

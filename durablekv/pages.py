@@ -178,7 +178,11 @@ class MemoryTier:
         self.table: dict[Any, tuple | list] = {}
         self.pages: dict[int, Page] = {}
         self.heap: list[tuple[int, Page]] = []  # (filed stamp, page), see above
+        # The LRU clock. Cache.get's lock-free memory hit draws one tick
+        # and nothing else, so its hits are the ticks drawn minus those
+        # drawn under the cache lock (counted here): one C call per hit.
         self.ticks = count(1)
+        self.locked_ticks = 0
         self.resident = 0
         self.dirty: dict[int, Page] = {}
         self.free: list[int] = []
@@ -195,6 +199,7 @@ class MemoryTier:
     def touch(self, page: Page) -> None:
         """Mark ``page`` most recently used (it must be resident)."""
         page.stamp = next(self.ticks)
+        self.locked_ticks += 1
 
     def make_resident(self, page: Page) -> None:
         """Put a pending or newly built page at the MRU end, evicting if full."""
@@ -205,6 +210,7 @@ class MemoryTier:
             self.pending -= 1
         page.state = RESIDENT
         page.stamp = page.heap_stamp = stamp = next(self.ticks)
+        self.locked_ticks += 1
         heappush(self.heap, (stamp, page))
         self.resident += 1
         while self.resident > self.max_pages:

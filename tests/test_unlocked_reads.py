@@ -208,6 +208,55 @@ def test_hits_from_many_threads_are_all_counted(cache_dir):
         sys.setswitchinterval(old)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_hits_are_counted_exactly_whatever_else_draws_lru_ticks(cache_dir, seed):
+    """Lock-free hits are counted as the LRU ticks not drawn under the lock,
+    so every locked tick (locked hits, overwrites, faults, inserts, touches)
+    must be counted too: predicted before each get from a model of the
+    deadlines and the page's residency, hit by hit."""
+    import random
+    rng = random.Random(seed)
+    clock = Clock(1000)
+    deadline: dict = {}   # live keys -> expire_at or None
+    want = {"memory_hits": 0, "store_hits": 0, "misses": 0}
+
+    def live(k):
+        return k in deadline and (deadline[k] is None or clock.now < deadline[k])
+
+    with opened(cache_dir, page_size=4, max_pages=3, clock=clock) as c:
+        keys = [f"k{i}" for i in range(60)]
+        for _ in range(3000):
+            k = rng.choice(keys)
+            op = rng.random()
+            if op < 0.5:
+                ref = c._tier.table.get(k)
+                if not live(k):
+                    want["misses"] += 1
+                elif ref is not None and ref[0].state == RESIDENT:
+                    want["memory_hits"] += 1
+                else:
+                    want["store_hits"] += 1
+                c.get(k)
+            elif op < 0.8:
+                ttl = rng.choice([None, None, 1, 5])
+                c.set(k, rng.randbytes(8), expire=ttl)
+                deadline[k] = None if ttl is None else clock.now + ttl
+            elif op < 0.85:
+                ttl = rng.choice([None, 2])
+                if c.touch(k, ttl):
+                    deadline[k] = None if ttl is None else clock.now + ttl
+            elif op < 0.9:
+                c.delete(k)
+                deadline.pop(k, None)
+            elif op < 0.95:
+                clock.now += 0.5
+            else:
+                c.flush()
+            st = c.stats()
+            assert {f: getattr(st, f) for f in want} == want
+        assert want["memory_hits"] > 50 and want["store_hits"] > 50
+
+
 def _check_lru_heap(tier: MemoryTier) -> None:
     """Every resident page has exactly the heap entry its heap_stamp names."""
     live = {}
