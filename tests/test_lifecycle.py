@@ -193,3 +193,34 @@ def test_a_cache_cannot_be_copied_or_pickled(tmp_path, how):
         cache.flush()
     with opened(tmp_path / "c") as again:
         assert dict(again.items()) == {"a": 1, "b": 2}
+
+
+def test_vacuum_of_a_closed_store_gives_space_back_and_keeps_every_entry(tmp_path):
+    """The README's way to shrink pages.sqlite3: VACUUM it while the cache is
+    closed. Page ids (INTEGER PRIMARY KEY) and the key index survive it."""
+    import sqlite3
+
+    from durablekv.check import check_directory
+
+    d = tmp_path / "c"
+    with opened(d, page_size=16, max_pages=8) as c:
+        for i in range(20_000):
+            c.set(f"k{i}", b"v" * 200, expire=None if i % 10 else 3600)
+        c.flush()
+        for i in range(20_000):
+            if i % 50:
+                c.delete(f"k{i}")
+        want = dict(c.items())
+    path = d / "pages.sqlite3"
+    before = path.stat().st_size
+    conn = sqlite3.connect(path)
+    conn.execute("VACUUM")
+    conn.close()
+    assert path.stat().st_size < before / 4
+    assert check_directory(str(d)).ok
+    with opened(d, page_size=16, max_pages=8) as c:
+        assert len(c) == len(want) == 400
+        assert dict(c.items()) == want
+        assert c.get("k50") == b"v" * 200
+        c.set("new", b"x")
+    assert check_directory(str(d)).ok
