@@ -88,6 +88,8 @@ _SCAN_BATCH_PAGES = 64
 #: The expiry sweep takes the cache lock once per this many stored pages
 #: (about 30 us each: read, decode, remove the expired entries).
 _SWEEP_SLICE = 16
+#: Seconds the expiry sweep waits after a store read error.
+_SWEEP_RETRY = 60.0
 
 
 def _count_of(counter: count) -> int:
@@ -447,7 +449,12 @@ class Cache(MutableMapping):
         self._failure: BaseException | None = None
         self._memory_hits = self._store_hits = self._misses = 0
         self._sets = self._deletes = self._expirations = 0
-        self._sweep_on = True  # the write-behind's expiry sweep (background_work)
+        # The write-behind's expiry sweep (background_work). Off until the
+        # recovery below is done: it reads stored pages in batches and may
+        # wait for back-pressure between reading and installing them, and a
+        # page the sweep rewrote meanwhile would be installed stale.
+        self._sweep_on = False
+        self._sweep_paused_until = 0.0  # monotonic; after a store read error
         # The log exists in every mode at recovery time: a directory last used
         # with durability="log" may hold records that must be replayed.
         self._log = ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes)
@@ -468,6 +475,7 @@ class Cache(MutableMapping):
             recovered = len(result.records)
             if recovered:
                 self._replay(result.records)
+            self._sweep_on = True
             # Free the records before the collector runs again: it then
             # walks only what the memory tier keeps.
             result.records = []
@@ -902,6 +910,9 @@ class Cache(MutableMapping):
                 self._check_open()
             batcher.kick(urgent=True)
             self._cond.wait(0.5)
+        if self._state is not _OPEN:
+            # closed (or failed) while this waited with the lock released
+            self._check_open()
 
     def _apply_set(self, key: Any, held: Any, expire_at: float | None,
                    ref: tuple | list | None, lsn: int, nbytes: int) -> None:
@@ -993,14 +1004,22 @@ class Cache(MutableMapping):
         pages (:meth:`_sweep_expired`), and scan the store's keys into the
         filter being built. No commit can happen meanwhile (this thread makes
         them)."""
-        if self._sweep_on:
+        if self._sweep_on and _REAL_MONOTONIC[0]() >= self._sweep_paused_until:
+            # Flushes must go on whatever the sweep meets.
             try:
                 self._sweep_expired()
             except CorruptStoreError as exc:
                 # The store is marked damaged (the next open refuses it) and a
-                # get of that page's keys raises too; flushes must go on.
+                # get of that page's keys raises too.
                 self._sweep_on = False
                 log.error("expiry sweep of %s stopped: %s", self.path, exc)
+            except StoreError as exc:
+                # A failed read (I/O error, locked): the flush that follows
+                # meets the same store and reports a lasting fault; the sweep
+                # tries again later.
+                self._sweep_paused_until = _REAL_MONOTONIC[0]() + _SWEEP_RETRY
+                log.warning("expiry sweep of %s paused for %.0f s: %s", self.path,
+                            _SWEEP_RETRY, exc)
         with self._lock:
             target = self._filter_building
         if target is None:
@@ -1518,8 +1537,8 @@ class Cache(MutableMapping):
         log record: replaying its set re-creates an entry that is just as
         expired.
 
-        The write-behind does the same on its own between flushes, up to
-        ``flush_batch_pages`` stored pages per flush interval, so entries
+        The write-behind does the same on its own, for up to
+        ``flush_batch_pages`` pages before each flush it runs, so entries
         that expire unread do not stay on disk. Call this to reclaim them at
         once, or to bound the work to one place (after a bulk expiry).
 
@@ -1558,14 +1577,22 @@ class Cache(MutableMapping):
             return removed
 
     def _sweep_expired(self) -> int:
-        """Batcher thread, before each cycle: :meth:`expire`'s work on stored
-        pages, for at most ``flush_batch_pages`` of them, and only while
-        fewer than half of ``max_pending_pages`` pages wait (it never waits
-        for back-pressure: this thread is the one that relieves it). The
-        lock is taken once per ``_SWEEP_SLICE`` pages. The pages it dirties
-        go in the cycle that follows. Returns the entries removed."""
+        """Batcher thread, before each cycle: remove the expired entries of
+        up to ``flush_batch_pages`` pages named by the expiry index, as
+        :meth:`expire` does: a page in memory loses them there; a page only
+        in SQLite is read and taken in as pending. Only while fewer than
+        half of ``max_pending_pages`` pages wait (it never waits for
+        back-pressure: this thread is the one that relieves it). The lock is
+        taken once per ``_SWEEP_SLICE`` pages. The cycle that follows stores
+        the pages it changed, and with them their index rows go. Returns the
+        entries removed.
+
+        :raises StoreError: the expiry scan or a page read failed.
+        :raises CorruptStoreError: a stored page cannot be decoded.
+        """
         removed = 0
         budget = self.flush_batch_pages
+        seen: set[int] = set()  # pages done in this call: their rows go at the flush
         while budget > 0:
             with self._lock:
                 tier = self._tier
@@ -1575,9 +1602,20 @@ class Cache(MutableMapping):
                 if room <= 0:
                     break
                 now = self._now()
-                pids = self._store.expired_pages(now, tier.pages, room)
+                pids = self._store.expired_pages(now, seen, room)
+                seen.update(pids)
                 for pid in pids:
-                    removed += self._expire_stored_page(pid, now)
+                    page = tier.pages.get(pid)
+                    if page is None:
+                        removed += self._expire_stored_page(pid, now)
+                    else:
+                        # Its index rows go when the cycle stores it; until
+                        # then it is named again, with nothing left to remove.
+                        doomed = [k for k, e in zip(page.keys, page.expires)
+                                  if e is not None and now >= e]
+                        for k in doomed:
+                            self._expire(k)
+                        removed += len(doomed)
             if len(pids) < room:
                 break
             budget -= len(pids)

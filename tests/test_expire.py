@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
+import time
+from unittest import mock
 
 import pytest
 
-from durablekv import Cache, CacheClosedError, CorruptStoreError
+from durablekv import Cache, CacheClosedError, CorruptStoreError, StoreError
+from durablekv.check import check_directory
 
 from .conftest import Clock, check_table, open_cache, opened, run_with_timeout
 
@@ -155,26 +159,37 @@ def test_a_page_left_holding_only_expired_entries_is_deleted(tmp_path):
 
 def test_sweep_cleans_stored_pages_a_bounded_number_at_a_time(tmp_path):
     """Driven directly (it runs in the batcher thread before each cycle): at
-    most flush_batch_pages stored pages per call, and never so many that
-    writers would meet back-pressure."""
+    most flush_batch_pages pages per call, and never so many that writers
+    would meet back-pressure; the cycle after it stores what it changed."""
     clock = Clock(1000)
     d = tmp_path / "c"
     with opened(d, clock=clock, page_size=2, max_pages=1, flush_batch_pages=8,
-                max_pending_pages=40) as c:
+                max_pending_pages=12) as c:
         c._sweep_on = False                  # only the calls below remove entries
         fill(c, 100)                         # 50 pages, one expired entry each
         c.flush()
         clock.now += 10
         faults = c.stats().page_faults
-        assert c._sweep_expired() == 8       # flush_batch_pages pages
-        assert c.stats().pending_pages == 8
-        assert c._sweep_expired() == 8
-        assert c._sweep_expired() == 4       # up to half of max_pending_pages
-        assert c._sweep_expired() == 0
+
+        def cycle():                         # a write, so flush() runs a cycle
+            c.set("tick", b"")
+            c.flush()
+
+        assert c._sweep_expired() == 6       # half of max_pending_pages
+        assert c.stats().pending_pages == 6
+        assert c._sweep_expired() == 0       # writers keep the other half
+        cycle()
+        assert c.stats().pending_pages == 0
+        assert stored_rows(d) == (95, 44)    # 94 keys + tick; 6 expired rows gone
+        c.max_pending_pages = 100
+        assert c._sweep_expired() == 8       # flush_batch_pages
+        cycle()
+        while c._sweep_expired():
+            cycle()
         assert c.stats().page_faults == faults
+        assert c.stats().expirations == 50
         check_table(c._tier)
-        c.flush()                            # nothing logged since: no cycle needed
-    assert stored_rows(d) == (80, 30)        # close stored the 20 swept pages
+        assert stored_rows(d) == (51, 0)
 
 
 def test_the_write_behind_sweeps_on_its_own(tmp_path):
@@ -195,6 +210,185 @@ def test_the_write_behind_sweeps_on_its_own(tmp_path):
         assert c.stats().expirations == 20
         assert c.stats().page_faults == 0
         assert stored_rows(d) == (22, 0)     # the 20 live keys, x and y
+
+
+def test_the_sweep_also_cleans_resident_pages_and_does_not_come_back_to_them(tmp_path):
+    """Entries that expire on pages in memory go too (their pages are dirtied
+    and stored), and a later sweep has nothing left to walk there."""
+    clock = Clock(1000)
+    d = tmp_path / "c"
+    with opened(d, clock=clock, page_size=4, max_pages=1000, flush_batch_pages=128) as c:
+        fill(c, 400)
+        c.flush()
+        assert c.stats().resident_pages == 100
+        clock.now += 10
+        for key in ("x", "y"):               # the second cycle began after the move
+            c.set(key, 1)
+            c.flush()
+        assert c.stats().expirations == 200  # one sweep: 100 pages < flush_batch_pages
+        assert c.stats().page_faults == 0 and c.stats().evictions == 0
+        assert stored_rows(d) == (202, 0)
+        assert c._store.expired_pages(clock.now, (), 1) == []
+        assert c._sweep_expired() == 0
+
+
+def test_the_sweep_is_off_while_recovery_waits_for_back_pressure(tmp_path):
+    """Recovery reads stored pages in batches and may wait for back-pressure
+    (lock released) before it installs them: a page the sweep rewrote and
+    dropped meanwhile would come back stale, or be missing. Each wait is
+    stretched here over many write-behind cycles, a schedule the OS may
+    choose; the sweep must stay out until the open is done."""
+    clock = Clock(1000)
+    d = tmp_path / "c"
+    opts = dict(clock=clock, page_size=4, max_pages=4, segment_bytes=4096)
+    c = Cache(d, flush_interval=3600, flush_batch_pages=1_000_000,
+              max_pending_pages=1_000_000, **opts)
+    c.set("keep", "me")
+    for i in range(2000):
+        c.set(f"k{i}", i, expire=10)
+    c.flush()
+    for i in range(2000):                   # logged again, never flushed
+        c.set(f"k{i}", -i, expire=10)
+    c._teardown(clean=False)                # a crash
+    clock.now += 20                         # all but "keep" expired while down
+    sweeps_during_open = []
+    real_bp, real_sweep = Cache._backpressure, Cache._sweep_expired
+
+    def slow_backpressure(self):
+        waited = self._tier.pending >= self.max_pending_pages
+        real_bp(self)
+        if waited:                          # descheduled for 5 more cycles
+            b, start = self._batcher, self._batcher._cycles
+            self._lock.release()
+            try:
+                deadline = time.monotonic() + 2
+                while b._cycles < start + 5 and time.monotonic() < deadline:
+                    time.sleep(0.0005)
+            finally:
+                self._lock.acquire()
+
+    def watched_sweep(self):
+        if self._sweep_on:
+            sweeps_during_open.append(self._state)
+        return real_sweep(self)
+
+    with mock.patch.object(Cache, "_backpressure", slow_backpressure), \
+            mock.patch.object(Cache, "_sweep_expired", watched_sweep):
+        c = Cache(d, flush_interval=0.001, flush_batch_pages=4, max_pending_pages=8, **opts)
+    try:
+        assert c.stats().recovered_records > 0
+        assert c.get("keep") == "me"
+        assert len(c) == 1
+    finally:
+        run_with_timeout(c.close, 30.0)
+    assert check_directory(str(d)).ok
+    with opened(d, **opts) as c:
+        assert dict(c.items()) == {"keep": "me"}
+
+
+def test_expire_waiting_for_back_pressure_when_close_comes_raises_closed(tmp_path):
+    """expire() waits with the lock released; close() may take the cache
+    meanwhile. It must wake to CacheClosedError, never read a store being
+    closed (which crashed the interpreter)."""
+    clock = Clock(1000)
+    d = tmp_path / "c"
+    c = Cache(d, clock=clock, page_size=2, max_pages=1, max_pending_pages=2,
+              flush_interval=3600)
+    c._sweep_on = False
+    fill(c, 300)
+    c.flush()
+    clock.now += 10
+    entered, go = threading.Event(), threading.Event()
+    real_write = c._store.write_batch
+
+    def blocked_write(*a, **kw):
+        entered.set()
+        assert go.wait(30)
+        return real_write(*a, **kw)
+
+    c._store.write_batch = blocked_write
+    got = {}
+
+    def run(name, fn):
+        try:
+            got[name] = fn()
+        except Exception as exc:             # noqa: BLE001 - the outcome is checked
+            got[name] = exc
+
+    a = threading.Thread(target=run, args=("expire", c.expire))
+    a.start()
+    assert entered.wait(30)                  # expire() waits; the flush is held
+    b = threading.Thread(target=run, args=("close", c.close))
+    b.start()
+    deadline = time.monotonic() + 30
+    while c._state == "open" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    go.set()
+    a.join(30)
+    b.join(30)
+    assert not a.is_alive() and not b.is_alive()
+    assert isinstance(got["expire"], CacheClosedError)
+    assert got["close"] is None
+    assert check_directory(str(d)).ok
+    with opened(d, clock=clock) as c:
+        assert sorted(c) == sorted(f"k{i}" for i in range(1, 300, 2))
+
+
+def test_back_pressure_that_ends_after_a_close_raises_closed(tmp_path):
+    """The schedule of the test above, made certain: the wait for
+    back-pressure ends with the cache closing (and room made). expire() must
+    raise CacheClosedError and read nothing more from the store."""
+    clock = Clock(1000)
+    with opened(tmp_path / "c", clock=clock, page_size=2, max_pages=1,
+                max_pending_pages=2) as c:
+        c._sweep_on = False
+        fill(c, 40)
+        c.flush()
+        clock.now += 10
+        real_pending, reads = [], []
+        real_scan = c._store.expired_pages
+
+        def wait_through_a_close(timeout=None):
+            real_pending.append(c._tier.pending)
+            c._state = "closing"             # close() took the cache meanwhile...
+            c._tier.pending = 0              # ...and the flush made room
+            return True
+
+        def scan(*args):
+            reads.append(c._state)
+            return real_scan(*args)
+
+        with mock.patch.object(c._cond, "wait", wait_through_a_close), \
+                mock.patch.object(c._store, "expired_pages", scan):
+            with pytest.raises(CacheClosedError):
+                c.expire()
+        assert reads and set(reads) == {"open"}
+        c._state = "open"                    # back as it was, for the real close
+        c._tier.pending = real_pending[0]
+
+
+def test_a_read_error_in_the_sweep_pauses_it_and_flushes_go_on(tmp_path, caplog):
+    clock = Clock(1000)
+    d = tmp_path / "c"
+    with opened(d, clock=clock, page_size=2, max_pages=1) as c:
+        fill(c, 20)
+        c.flush()
+        clock.now += 10
+
+        def failing_read(pid):
+            raise StoreError(f"SQLite page store {d}: page read failed: disk I/O error", str(d))
+
+        c._store.read_page = failing_read
+        with caplog.at_level(logging.WARNING, logger="durablekv"):
+            for key in ("x", "y"):
+                c.set(key, 1)
+                c.flush()                    # the cycle's sweep fails; its flush does not
+        assert "expiry sweep" in caplog.text and "paused" in caplog.text
+        assert c._sweep_on and c._sweep_paused_until > time.monotonic() + 30
+        assert c.stats().flush_errors == 0
+        assert c.get("y") == 1
+        del c._store.read_page
+        assert c.expire() == 10              # the call itself still works
 
 
 def test_without_the_sweep_expired_entries_stay_on_disk(tmp_path):
