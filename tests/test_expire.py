@@ -392,7 +392,8 @@ def test_a_read_error_in_the_sweep_pauses_it_and_flushes_go_on(tmp_path, caplog)
 
 
 def test_without_the_sweep_expired_entries_stay_on_disk(tmp_path):
-    """The control for the test above: the same steps, sweep off."""
+    """The control for test_the_write_behind_sweeps_on_its_own: the same
+    steps with the sweep off leave every expired row on disk."""
     clock = Clock(1000)
     d = tmp_path / "c"
     with opened(d, clock=clock, page_size=2, max_pages=1) as c:
