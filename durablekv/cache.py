@@ -340,6 +340,10 @@ class Cache(MutableMapping):
                  on_corruption: str = "raise", salvage_log: bool = False,
                  busy_timeout: float = 5.0, segment_bytes: int = 64 << 20) -> None:
         self._state = _CLOSED
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"the cache directory must be a path (str or os.PathLike), not "
+                            f"{type(directory).__name__} {directory!r}; pass the directory's "
+                            "path, e.g. Cache('var/cache')")
         if not os.fspath(directory):
             raise ConfigError("the cache directory is an empty path; name a directory "
                               "(use '.' for the current one)")

@@ -256,7 +256,7 @@ def _int_at_least(minimum: int):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {v}")
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {v}")
         return v
     return parse
 

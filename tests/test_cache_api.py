@@ -875,6 +875,13 @@ CacheVsDict.TestCase.settings = settings(max_examples=40, stateful_step_count=30
 TestCacheVsDict = CacheVsDict.TestCase
 
 
+@pytest.mark.parametrize("directory", [5, None, b"var/cache", ["var", "cache"]])
+def test_a_directory_that_is_not_a_path_is_a_type_error_naming_it(directory):
+    with pytest.raises(TypeError, match=r"must be a path \(str or os.PathLike\), not "
+                                        + type(directory).__name__ + r" .*Cache\('var/cache'\)"):
+        Cache(directory)
+
+
 def test_paths_that_cannot_be_a_cache_directory_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="empty path"):
         Cache("")
