@@ -1566,18 +1566,20 @@ class Cache(MutableMapping):
             for k in doomed:
                 self._expire(k)
             removed = len(doomed)
-            seen: set[int] = set()  # each stored page is read at most once
+            seen: set[int] = set()  # each page is done at most once
             while self._ttl_count and not self._clear_pending:
                 room = self.max_pending_pages - tier.pending
                 if room <= 0:
                     self._backpressure()  # the lock is released meanwhile
                     continue
-                pids = self._store.expired_pages(now, tier.pages.keys() | seen, room)
+                # Pages in memory are named too: one faulted in during a
+                # back-pressure wait still holds its expired entries.
+                pids = self._store.expired_pages(now, seen, room)
                 if not pids:
                     break
+                seen.update(pids)
                 for pid in pids:
-                    seen.add(pid)
-                    removed += self._expire_stored_page(pid, now)
+                    removed += self._expire_page(pid, now)
             return removed
 
     def _sweep_expired(self) -> int:
@@ -1602,36 +1604,37 @@ class Cache(MutableMapping):
                 tier = self._tier
                 if self._state is not _OPEN or not self._ttl_count or self._clear_pending:
                     break
-                room = min(budget, _SWEEP_SLICE, self.max_pending_pages // 2 - tier.pending)
+                # (at least one page: max_pending_pages may be 1)
+                room = min(budget, _SWEEP_SLICE,
+                           max(1, self.max_pending_pages // 2) - tier.pending)
                 if room <= 0:
                     break
                 now = self._now()
                 pids = self._store.expired_pages(now, seen, room)
                 seen.update(pids)
                 for pid in pids:
-                    page = tier.pages.get(pid)
-                    if page is None:
-                        removed += self._expire_stored_page(pid, now)
-                    else:
-                        # Its index rows go when the cycle stores it; until
-                        # then it is named again, with nothing left to remove.
-                        doomed = [k for k, e in zip(page.keys, page.expires)
-                                  if e is not None and now >= e]
-                        for k in doomed:
-                            self._expire(k)
-                        removed += len(doomed)
+                    removed += self._expire_page(pid, now)
             if len(pids) < room:
                 break
             budget -= len(pids)
         return removed
 
-    def _expire_stored_page(self, pid: int, now: float) -> int:
-        """Remove the entries of stored page ``pid`` (not in memory) expired
-        at ``now`` (lock held); return how many. The page is taken in as
-        pending, not resident, and dirtied: the write-behind rewrites it.
+    def _expire_page(self, pid: int, now: float) -> int:
+        """Remove the entries of page ``pid`` expired at ``now`` (lock held);
+        return how many. A page in memory loses them there (its index rows
+        go when a flush stores it; until then the expiry index names it
+        again, with nothing left to remove). A page only in SQLite is read
+        and taken in as pending, not resident, and dirtied: the write-behind
+        rewrites it.
 
-        :raises CorruptStoreError: the page is missing or damaged.
+        :raises CorruptStoreError: the stored page is missing or damaged.
         """
+        page = self._tier.pages.get(pid)
+        if page is not None:
+            doomed = [k for k, e in zip(page.keys, page.expires) if e is not None and now >= e]
+            for k in doomed:
+                self._expire(k)
+            return len(doomed)
         row = self._store.read_page(pid)
         slots, keys, values, expires = self._decode_page(pid, row)
         doomed = [k for k, e in zip(keys, expires) if e is not None and now >= e]

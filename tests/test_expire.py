@@ -19,6 +19,7 @@ import pytest
 
 from durablekv import Cache, CacheClosedError, CorruptStoreError, StoreError
 from durablekv.check import check_directory
+from durablekv.pages import RESIDENT
 
 from .conftest import Clock, check_table, open_cache, opened, run_with_timeout
 
@@ -365,6 +366,51 @@ def test_back_pressure_that_ends_after_a_close_raises_closed(tmp_path):
         assert reads and set(reads) == {"open"}
         c._state = "open"                    # back as it was, for the real close
         c._tier.pending = real_pending[0]
+
+
+def test_expire_also_cleans_a_page_faulted_in_while_it_waited(tmp_path):
+    """Another thread faults in a stored page while expire() waits for
+    back-pressure: that page's expired entries are then in memory, and
+    expire() must still remove them."""
+    clock = Clock(1000)
+    with opened(tmp_path / "c", clock=clock, page_size=2, max_pages=4,
+                max_pending_pages=2) as c:
+        c._sweep_on = False
+        fill(c, 100)                         # page p holds k{2p-2} (expiring), k{2p-1}
+        c.flush()
+        clock.now += 10
+        # The last page only in SQLite: its keys come late in the expiry
+        # index's order, so expire() has not reached it at its first wait.
+        pid = max(p for p in range(1, 51) if p not in c._tier.pages)
+        doomed, live = f"k{2 * pid - 2}", f"k{2 * pid - 1}"
+        real_wait = c._cond.wait
+        faulted = []
+
+        def wait_while_a_reader_faults(timeout=None):
+            if not faulted:                  # a get(live) from another thread
+                faulted.append(c._ref(live))
+                assert c._tier.table[doomed][0].state == RESIDENT
+            return real_wait(timeout)
+
+        with mock.patch.object(c._cond, "wait", wait_while_a_reader_faults):
+            c.expire()
+        assert faulted
+        now = clock.now
+        assert not [k for k, (p, s, _) in c._tier.table.items()
+                    if p.expires[s] is not None and now >= p.expires[s]]
+        assert c.stats().expirations == 50
+
+
+def test_the_sweep_works_with_max_pending_pages_1(tmp_path):
+    clock = Clock(1000)
+    d = tmp_path / "c"
+    with opened(d, clock=clock, page_size=2, max_pages=1, max_pending_pages=1) as c:
+        c._sweep_on = False
+        fill(c, 20)
+        c.flush()
+        clock.now += 10
+        assert c._sweep_expired() == 1       # one page: writers then meet back-pressure
+        assert c.stats().pending_pages == 1
 
 
 def test_a_read_error_in_the_sweep_pauses_it_and_flushes_go_on(tmp_path, caplog):
