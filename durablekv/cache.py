@@ -36,7 +36,7 @@ import weakref
 from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
 from itertools import count, repeat
 from numbers import Number
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
@@ -90,6 +90,12 @@ _SCAN_BATCH_PAGES = 64
 _SWEEP_SLICE = 16
 #: Seconds the expiry sweep waits after a store read error.
 _SWEEP_RETRY = 60.0
+
+
+def _expired_keys(keys: Sequence[Any], expires: Sequence[float | None], now: float) -> list:
+    """The keys whose expiry (parallel to ``keys``) is at or before ``now``;
+    a free slot has none."""
+    return [k for k, e in zip(keys, expires) if e is not None and now >= e]
 
 
 def _count_of(counter: count) -> int:
@@ -1515,10 +1521,7 @@ class Cache(MutableMapping):
             if not self._ttl_count:
                 return self._count
             now = self._now()
-            doomed = [k for k, (p, s, v) in self._tier.table.items()
-                      if v is HAS_TTL and now >= p.expires[s]]
-            for k in doomed:
-                self._expire(k)
+            self._expire_in_memory(now)
             if self._clear_pending or not self._ttl_count:
                 return self._count
             # A page not in memory is exactly as committed, and its index
@@ -1561,11 +1564,7 @@ class Cache(MutableMapping):
                 return 0
             now = self._now()
             tier = self._tier
-            doomed = [k for k, (p, s, v) in tier.table.items()
-                      if v is HAS_TTL and now >= p.expires[s]]
-            for k in doomed:
-                self._expire(k)
-            removed = len(doomed)
+            removed = self._expire_in_memory(now)
             seen: set[int] = set()  # each page is done at most once
             while self._ttl_count and not self._clear_pending:
                 room = self.max_pending_pages - tier.pending
@@ -1581,6 +1580,15 @@ class Cache(MutableMapping):
                 for pid in pids:
                     removed += self._expire_page(pid, now)
             return removed
+
+    def _expire_in_memory(self, now: float) -> int:
+        """Remove the entries in memory expired at ``now`` (lock held); return
+        how many. Only page-table entries marked ``HAS_TTL`` are looked at."""
+        doomed = [k for k, (p, s, v) in self._tier.table.items()
+                  if v is HAS_TTL and now >= p.expires[s]]
+        for k in doomed:
+            self._expire(k)
+        return len(doomed)
 
     def _sweep_expired(self) -> int:
         """Batcher thread, before each cycle: remove the expired entries of
@@ -1631,18 +1639,16 @@ class Cache(MutableMapping):
         """
         page = self._tier.pages.get(pid)
         if page is not None:
-            doomed = [k for k, e in zip(page.keys, page.expires) if e is not None and now >= e]
-            for k in doomed:
-                self._expire(k)
-            return len(doomed)
-        row = self._store.read_page(pid)
-        slots, keys, values, expires = self._decode_page(pid, row)
-        doomed = [k for k, e in zip(keys, expires) if e is not None and now >= e]
-        if not doomed:
-            # Its index rows say otherwise: a disagreement that `durablekv
-            # check` reports; the page stays as it is.
-            return 0
-        self._tier.install(pid, slots, keys, values, expires, len(row[1]), resident=False)
+            doomed = _expired_keys(page.keys, page.expires, now)
+        else:
+            row = self._store.read_page(pid)
+            slots, keys, values, expires = self._decode_page(pid, row)
+            doomed = _expired_keys(keys, expires, now)
+            if not doomed:
+                # Its index rows say otherwise: a disagreement that `durablekv
+                # check` reports; the page stays as it is.
+                return 0
+            self._tier.install(pid, slots, keys, values, expires, len(row[1]), resident=False)
         for k in doomed:
             self._expire(k)
         return len(doomed)

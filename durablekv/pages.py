@@ -278,7 +278,8 @@ class MemoryTier:
 
     def install(self, page_id: int, slots: Sequence[int], keys: list[Any], values: list[Any],
                 expires: list[float | None], nbytes: int = 0, *, resident: bool = True) -> Page:
-        """Make a page read from the store resident (a page fault).
+        """Take a page read from the store into memory: resident (a page
+        fault), or pending (``resident=False``).
 
         :param slots, keys, values, expires: parallel sequences, one item per
             stored entry (``values`` in their memory form).

@@ -9,6 +9,7 @@ pages the removals dirtied. TTL time moves only when a test moves it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -39,13 +40,23 @@ def fill(c: Cache, n: int, ttl: float = 10) -> None:
         c.set(f"k{i}", i, expire=ttl if i % 2 == 0 else None)
 
 
-def test_expire_removes_every_expired_entry_in_memory_and_on_disk(tmp_path):
+@contextlib.contextmanager
+def filled(directory, n: int, *, sweep: bool = False, **opts):
+    """``with filled(d, n, ...) as (c, clock)``: a cache on a ``Clock(1000)``
+    holding :func:`fill`'s ``n`` keys, flushed to SQLite. The write-behind's
+    own sweep is off unless ``sweep``, so that only the calls a test makes
+    remove entries. TTL time has not moved yet."""
     clock = Clock(1000)
-    d = tmp_path / "c"
-    with opened(d, clock=clock, page_size=4, max_pages=3) as c:
-        c._sweep_on = False                  # only the calls below remove entries
-        fill(c, 400)
+    with opened(directory, clock=clock, **opts) as c:
+        c._sweep_on = sweep
+        fill(c, n)
         c.flush()
+        yield c, clock
+
+
+def test_expire_removes_every_expired_entry_in_memory_and_on_disk(tmp_path):
+    d = tmp_path / "c"
+    with filled(d, 400, page_size=4, max_pages=3) as (c, clock):
         assert stored_rows(d) == (400, 200)
         resident = [p.page_id for p in c._tier.lru_order()]
         clock.now += 10                      # the deadline itself counts as expired
@@ -57,6 +68,7 @@ def test_expire_removes_every_expired_entry_in_memory_and_on_disk(tmp_path):
         assert after.evictions == before.evictions
         assert [p.page_id for p in c._tier.lru_order()] == resident
         assert after.expirations - before.expirations == 200
+        assert after.last_lsn == before.last_lsn  # no log record for a removal
         check_table(c._tier)
         assert len(c) == 200
         assert [c.get(f"k{i}") for i in range(6)] == [None, 1, None, 3, None, 5]
@@ -66,6 +78,33 @@ def test_expire_removes_every_expired_entry_in_memory_and_on_disk(tmp_path):
     with opened(d, clock=clock) as c:
         assert len(c) == 200
         assert sorted(c) == sorted(f"k{i}" for i in range(1, 400, 2))
+
+
+@pytest.mark.parametrize("meet", ["get", "len", "in", "keys", "items", "values"])
+def test_a_read_that_meets_an_expired_entry_in_memory_removes_it(tmp_path, meet):
+    clock = Clock(1000)
+    with opened(tmp_path / "c", clock=clock) as c:
+        c._sweep_on = False
+        c.set("a", 1, expire=5)
+        c.set("b", 2)
+        clock.now = 1005
+        if meet in ("keys", "items", "values"):
+            list(getattr(c, meet)())
+        else:
+            {"get": lambda: c.get("a"), "len": lambda: len(c), "in": lambda: "a" in c}[meet]()
+        assert "a" not in c._tier.table
+        assert c.stats().expirations == 1
+
+
+def test_stats_after_close_give_the_final_numbers(tmp_path):
+    c = open_cache(tmp_path / "c")
+    c.set("a", 1)
+    c.get("a")
+    c.close()
+    st = c.stats()
+    assert (st.sets, st.hits, st.memory_hits) == (1, 1, 1)
+    with pytest.raises(CacheClosedError):
+        c.get("a")
 
 
 def test_expire_leaves_entries_before_their_deadline(tmp_path):
@@ -119,11 +158,7 @@ def test_expire_waits_for_back_pressure_and_finishes(tmp_path):
 
 
 def test_expire_after_a_clear_touches_no_stored_page(tmp_path):
-    clock = Clock(1000)
-    with opened(tmp_path / "c", clock=clock, page_size=2, max_pages=1) as c:
-        c._sweep_on = False                  # only the calls below remove entries
-        fill(c, 20)
-        c.flush()
+    with filled(tmp_path / "c", 20, page_size=2, max_pages=1) as (c, clock):
         c.clear()                            # the store is emptied by the next flush
         clock.now += 10
         assert c.expire() == 0
@@ -162,14 +197,10 @@ def test_sweep_cleans_stored_pages_a_bounded_number_at_a_time(tmp_path):
     """Driven directly (it runs in the batcher thread before each cycle): at
     most flush_batch_pages pages per call, and never so many that writers
     would meet back-pressure; the cycle after it stores what it changed."""
-    clock = Clock(1000)
     d = tmp_path / "c"
-    with opened(d, clock=clock, page_size=2, max_pages=1, flush_batch_pages=8,
-                max_pending_pages=12) as c:
-        c._sweep_on = False                  # only the calls below remove entries
-        fill(c, 100)                         # 50 pages, one expired entry each
-        c.flush()
-        clock.now += 10
+    with filled(d, 100, page_size=2, max_pages=1, flush_batch_pages=8,
+                max_pending_pages=12) as (c, clock):
+        clock.now += 10                      # 50 pages, one expired entry each
         faults = c.stats().page_faults
 
         def cycle():                         # a write, so flush() runs a cycle
@@ -193,14 +224,33 @@ def test_sweep_cleans_stored_pages_a_bounded_number_at_a_time(tmp_path):
         assert stored_rows(d) == (51, 0)
 
 
+def test_the_sweep_takes_the_lock_once_per_16_pages(tmp_path):
+    d = tmp_path / "c"
+    with filled(d, 80, page_size=2, max_pages=1, flush_batch_pages=40) as (c, clock):
+        clock.now += 10                      # 40 stored pages, one expired entry each
+        real_lock, takes = c._lock, []
+
+        class CountingLock:
+            def __enter__(self):
+                takes.append(1)
+                return real_lock.__enter__()
+
+            def __exit__(self, *exc):
+                return real_lock.__exit__(*exc)
+
+        c._lock = CountingLock()
+        try:
+            assert c._sweep_expired() == 40
+        finally:
+            c._lock = real_lock
+        assert len(takes) == 3               # 16 + 16 + 8 pages
+
+
 def test_the_write_behind_sweeps_on_its_own(tmp_path):
     """No call to expire(): the cycles the flushes wait for sweep first, and
     the pages they clean go in the same cycle."""
-    clock = Clock(1000)
     d = tmp_path / "c"
-    with opened(d, clock=clock, page_size=2, max_pages=1, flush_batch_pages=64) as c:
-        fill(c, 40)
-        c.flush()
+    with filled(d, 40, sweep=True, page_size=2, max_pages=1, flush_batch_pages=64) as (c, clock):
         clock.now += 10
         # Two flushes: the cycle of the second began after the first returned,
         # so after the clock moved.
@@ -216,11 +266,9 @@ def test_the_write_behind_sweeps_on_its_own(tmp_path):
 def test_the_sweep_also_cleans_resident_pages_and_does_not_come_back_to_them(tmp_path):
     """Entries that expire on pages in memory go too (their pages are dirtied
     and stored), and a later sweep has nothing left to walk there."""
-    clock = Clock(1000)
     d = tmp_path / "c"
-    with opened(d, clock=clock, page_size=4, max_pages=1000, flush_batch_pages=128) as c:
-        fill(c, 400)
-        c.flush()
+    with filled(d, 400, sweep=True, page_size=4, max_pages=1000,
+                flush_batch_pages=128) as (c, clock):
         assert c.stats().resident_pages == 100
         clock.now += 10
         for key in ("x", "y"):               # the second cycle began after the move
@@ -339,12 +387,8 @@ def test_back_pressure_that_ends_after_a_close_raises_closed(tmp_path):
     """The schedule of the test above, made certain: the wait for
     back-pressure ends with the cache closing (and room made). expire() must
     raise CacheClosedError and read nothing more from the store."""
-    clock = Clock(1000)
-    with opened(tmp_path / "c", clock=clock, page_size=2, max_pages=1,
-                max_pending_pages=2) as c:
-        c._sweep_on = False
-        fill(c, 40)
-        c.flush()
+    with filled(tmp_path / "c", 40, page_size=2, max_pages=1,
+                max_pending_pages=2) as (c, clock):
         clock.now += 10
         real_pending, reads = [], []
         real_scan = c._store.expired_pages
@@ -372,12 +416,9 @@ def test_expire_also_cleans_a_page_faulted_in_while_it_waited(tmp_path):
     """Another thread faults in a stored page while expire() waits for
     back-pressure: that page's expired entries are then in memory, and
     expire() must still remove them."""
-    clock = Clock(1000)
-    with opened(tmp_path / "c", clock=clock, page_size=2, max_pages=4,
-                max_pending_pages=2) as c:
-        c._sweep_on = False
-        fill(c, 100)                         # page p holds k{2p-2} (expiring), k{2p-1}
-        c.flush()
+    # page p holds k{2p-2} (expiring) and k{2p-1}
+    with filled(tmp_path / "c", 100, page_size=2, max_pages=4,
+                max_pending_pages=2) as (c, clock):
         clock.now += 10
         # The last page only in SQLite: its keys come late in the expiry
         # index's order, so expire() has not reached it at its first wait.
@@ -402,23 +443,16 @@ def test_expire_also_cleans_a_page_faulted_in_while_it_waited(tmp_path):
 
 
 def test_the_sweep_works_with_max_pending_pages_1(tmp_path):
-    clock = Clock(1000)
-    d = tmp_path / "c"
-    with opened(d, clock=clock, page_size=2, max_pages=1, max_pending_pages=1) as c:
-        c._sweep_on = False
-        fill(c, 20)
-        c.flush()
+    with filled(tmp_path / "c", 20, page_size=2, max_pages=1,
+                max_pending_pages=1) as (c, clock):
         clock.now += 10
         assert c._sweep_expired() == 1       # one page: writers then meet back-pressure
         assert c.stats().pending_pages == 1
 
 
 def test_a_read_error_in_the_sweep_pauses_it_and_flushes_go_on(tmp_path, caplog):
-    clock = Clock(1000)
     d = tmp_path / "c"
-    with opened(d, clock=clock, page_size=2, max_pages=1) as c:
-        fill(c, 20)
-        c.flush()
+    with filled(d, 20, sweep=True, page_size=2, max_pages=1) as (c, clock):
         clock.now += 10
 
         def failing_read(pid):
@@ -440,12 +474,8 @@ def test_a_read_error_in_the_sweep_pauses_it_and_flushes_go_on(tmp_path, caplog)
 def test_without_the_sweep_expired_entries_stay_on_disk(tmp_path):
     """The control for test_the_write_behind_sweeps_on_its_own: the same
     steps with the sweep off leave every expired row on disk."""
-    clock = Clock(1000)
     d = tmp_path / "c"
-    with opened(d, clock=clock, page_size=2, max_pages=1) as c:
-        c._sweep_on = False                  # only the calls below remove entries
-        fill(c, 40)
-        c.flush()
+    with filled(d, 40, page_size=2, max_pages=1) as (c, clock):
         clock.now += 10
         for key in ("x", "y"):
             c.set(key, 1)
