@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from .cache import LOCK_FILE, lock_owner_pid
 from .codec import canonical_key, decode_key
 from .replaylog import _first_lsn_of, list_segments, scan_segment, start_gap_detail
-from .store import STORE_FILE, decode_page, migration_files, read_only_uri
+from .store import STORE_FILE, decode_page, migration_files, page_crc, read_only_uri
 
 __all__ = ["check_directory", "CheckResult"]
 
@@ -206,8 +206,17 @@ def _check_store(directory: str, r: CheckResult) -> int:
                  conn.execute("SELECT key, page_id, expire_at FROM keys")}
         seen = set()
         pages = entries = 0
-        for pid, n, data in conn.execute("SELECT page_id, n_entries, data FROM pages"):
+        # schema version 3 on: every page row carries a checksum (page_crc)
+        checksums = "crc" in {c[1] for c in conn.execute("PRAGMA table_info(pages)")}
+        for pid, n, data, crc in conn.execute(
+                "SELECT page_id, n_entries, data, " + ("crc" if checksums else "NULL") +
+                " FROM pages"):
             pages += 1
+            if checksums and page_crc(pid, n, data) != crc:
+                r.bad(f"page {pid!r}: fails its checksum (stored {crc!r}, computed "
+                      f"{page_crc(pid, n, data)}): its blob or entry count was changed on disk; "
+                      "a read of it raises CorruptStoreError")
+                continue
             try:
                 got = list(decode_page(data))
             except ValueError as exc:

@@ -58,6 +58,7 @@ import operator
 import os
 import sqlite3
 import struct
+import zlib
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -71,7 +72,7 @@ log = logging.getLogger("durablekv.store")
 
 __all__ = ["SQLitePageStore", "PageImage", "encode_page", "encode_columns", "decode_page", "split_page",
            "page_layout", "page_columns", "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS", "migration_files",
-           "STORE_FILE"]
+           "STORE_FILE", "page_crc"]
 
 STORE_FILE = "pages.sqlite3"
 #: Left beside the store when damage is found while the cache runs, so the
@@ -80,10 +81,30 @@ DAMAGE_MARKER = STORE_FILE + ".damaged"
 _ENTRY = struct.Struct("<HdII")  # a version-1 page entry header
 assert _ENTRY.size == 18
 _N_FLAGS = struct.Struct("<HB")
-_FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data FROM keys AS k "
+_FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data, p.crc FROM keys AS k "
              "LEFT JOIN pages AS p ON p.page_id = k.page_id WHERE k.key = ?")
 _U32 = struct.Struct("<I")
 _NAN = float("nan")
+_PID_N = struct.Struct("<qI")
+
+
+def page_crc(page_id: int, n_entries: int, data: bytes) -> int | None:
+    """The checksum stored beside a page (``pages.crc``, schema version 3):
+    CRC-32 (zlib) of ``<qI`` (page id, entry count) followed by the blob, so
+    a flipped bit in the blob, a wrong entry count, or a blob copied into
+    another page's row is found when the page is read.
+
+    :returns: the checksum (a u32), or None for fields no page can have (a
+        page id outside int64, a count outside u32, a blob that is not
+        bytes), which then match no stored checksum.
+    """
+    if type(data) is not bytes:
+        return None
+    try:
+        head = _PID_N.pack(page_id, n_entries)
+    except (struct.error, TypeError):
+        return None
+    return zlib.crc32(data, zlib.crc32(head))
 
 
 @dataclass(frozen=True)
@@ -565,6 +586,8 @@ class SQLitePageStore:
         conn = self._w
         assert conn is not None
         migrations = migration_files()
+        # used by 0003_page_checksums to give existing pages their checksum
+        conn.create_function("durablekv_page_crc", 3, page_crc, deterministic=True)
         current = conn.execute("PRAGMA user_version").fetchone()[0]
         if current > len(migrations):
             raise SchemaVersionError(self.path, current, len(migrations))
@@ -629,17 +652,39 @@ class SQLitePageStore:
         try:
             if self._snapshot_reads and not self._r.in_transaction:
                 self._r.execute("BEGIN")  # the shared read transaction (pause_snapshot)
-            return self._find_cursor.execute(_FIND_SQL, (ckey,)).fetchone()
+            row = self._find_cursor.execute(_FIND_SQL, (ckey,)).fetchone()
         except sqlite3.DatabaseError:
             with _translate(self.path, "key lookup"):
                 raise
+        if row is None or row[2] is None:
+            return row if row is None else row[:3]
+        pid, n, data, crc = row
+        if page_crc(pid, n, data) != crc:
+            self._bad_checksum(pid, n, data, crc)
+        return pid, n, data
+
+    def _bad_checksum(self, pid: Any, n: Any, data: Any, crc: Any) -> None:
+        """Raise :class:`CorruptStoreError` for a page whose row fails its
+        checksum (or has fields of impossible types); the store is marked
+        damaged, so the next open refuses it (or rebuilds it)."""
+        detail = (f"page {pid!r} fails its checksum (stored {crc!r}, computed "
+                  f"{page_crc(pid, n, data)}): its blob or entry count was changed on disk "
+                  "(a flipped bit, a torn write, a hand edit)")
+        mark_damaged(self.path, detail)
+        raise CorruptStoreError(self.path, detail)
+
+    def _verify(self, pid: Any, n: Any, data: Any, crc: Any) -> tuple[int, bytes]:
+        """``(n, data)`` of a page row once its checksum holds."""
+        if page_crc(pid, n, data) != crc:
+            self._bad_checksum(pid, n, data, crc)
+        return n, data
 
     def read_page(self, page_id: int) -> tuple[int, bytes] | None:
         """``(n_entries, blob)`` of a committed page, or None."""
         with _translate(self.path, "page read"):
-            row = self._find_cursor.execute("SELECT n_entries, data FROM pages WHERE page_id = ?",
-                                            (page_id,)).fetchone()
-        return row
+            row = self._find_cursor.execute(
+                "SELECT n_entries, data, crc FROM pages WHERE page_id = ?", (page_id,)).fetchone()
+        return None if row is None else self._verify(page_id, *row)
 
     def pause_snapshot(self) -> None:
         """Stop sharing a read transaction between reads: called (under the
@@ -682,10 +727,10 @@ class SQLitePageStore:
         pages: dict[int, tuple[int, bytes]] = {}
         with _translate(self.path, "page read"):
             for part in _batches(page_ids):
-                for pid, n, data in self._r.execute(
-                        "SELECT page_id, n_entries, data FROM pages WHERE page_id IN "
+                for pid, n, data, crc in self._r.execute(
+                        "SELECT page_id, n_entries, data, crc FROM pages WHERE page_id IN "
                         f"({_marks(len(part))})", part):
-                    pages[pid] = (n, data)
+                    pages[pid] = self._verify(pid, n, data, crc)
         return pages
 
     def scan_index(self) -> Iterator[tuple[bytes, bytes | None, int, float | None]]:
@@ -779,7 +824,7 @@ class SQLitePageStore:
                 added: list[bytes] = []      # keys of rows new to the index
                 gone: list[tuple[bytes, int]] = []   # (key, page_id) rows to delete
                 emptied: list[tuple[int]] = []       # pages to delete with their rows
-                page_rows: list[tuple] = []          # (page_id, n_entries, data)
+                page_rows: list[tuple] = []          # (page_id, n_entries, data, crc)
                 for img in images:
                     pid = img.page_id
                     stored = img.stored and not clear
@@ -788,7 +833,7 @@ class SQLitePageStore:
                         if stored:
                             emptied.append((pid,))
                         continue
-                    page_rows.append((pid, img.n, img.data))
+                    page_rows.append((pid, img.n, img.data, page_crc(pid, img.n, img.data)))
                     if rows is None:
                         continue
                     if stored:
@@ -812,7 +857,7 @@ class SQLitePageStore:
                 self._insert_many(conn, "INSERT OR REPLACE INTO keys "
                                   "(key, page_id, expire_at, orig) VALUES ", 4, upserts)
                 self._insert_many(conn, "INSERT OR REPLACE INTO pages "
-                                  "(page_id, n_entries, data) VALUES ", 3, page_rows)
+                                  "(page_id, n_entries, data, crc) VALUES ", 4, page_rows)
                 conn.executemany("UPDATE meta SET value = ? WHERE name = ?",
                                  [(checkpoint_lsn, "checkpoint_lsn"), (key_count, "key_count"),
                                   (ttl_key_count, "ttl_key_count")])
