@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 from .cache import LOCK_FILE, lock_owner_pid
 from .codec import canonical_key, decode_key
-from .replaylog import _first_lsn_of, list_segments, scan_segment, start_gap_detail
+from .replaylog import (_first_lsn_of, list_segments, map_segment, scan_segment,
+                        start_gap_detail, unmap_segment)
 from .store import STORE_FILE, decode_page, migration_files, page_crc, read_only_uri
 
 __all__ = ["check_directory", "CheckResult"]
@@ -278,10 +279,13 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
     first_record = True        # the log's first record is still to come
     for i, path in enumerate(segments):
         last = i == len(segments) - 1
-        with open(path, "rb") as f:
-            data = f.read()
-        scan = scan_segment(data, checkpoint, None if last else segments[i + 1],
-                            _first_lsn_of(path))
+        data = map_segment(path)
+        size = len(data)
+        try:
+            scan = scan_segment(data, checkpoint, None if last else segments[i + 1],
+                                _first_lsn_of(path))
+        finally:
+            unmap_segment(data)
         # records that follow damage stepped over: a gap before them is that damage's
         resumed = set(itertools.accumulate(count for _offset, count in scan.runs[:-1]))
         if after_damaged_end:
@@ -344,7 +348,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
                          "flipped bit on disk too: if neither happened since it was "
                          "written, the open drops a write that was acknowledged")
             r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
-                   f"{len(data) - scan.good_end} bytes); it is cut off at the next open{whole}")
+                   f"{size - scan.good_end} bytes); it is cut off at the next open{whole}")
         else:  # refused
             if salvageable is None:
                 salvageable = pending

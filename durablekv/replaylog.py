@@ -55,6 +55,7 @@ Fault-injection seams: :meth:`ReplayLog._write` and :meth:`ReplayLog._fsync`.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import re
 import struct
@@ -123,6 +124,21 @@ def encode_record(lsn: int, op: int, key: bytes, value: bytes, expire_at: float 
     return HEADER.pack(n, crc, lsn) + payload
 
 
+def map_segment(path: str) -> bytes:
+    """A segment's bytes, memory-mapped (an ``mmap``, or ``b""`` for an empty
+    file): a scan of a huge or sparse segment reads it through the page cache
+    instead of copying it all into memory first. Release with :func:`unmap_segment`."""
+    with open(path, "rb") as f:
+        if not os.fstat(f.fileno()).st_size:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # type: ignore[return-value]
+
+
+def unmap_segment(data: bytes) -> None:
+    if isinstance(data, mmap.mmap):
+        data.close()
+
+
 class _Damage(Exception):
     def __init__(self, offset: int, detail: str) -> None:
         self.offset = offset
@@ -163,7 +179,7 @@ def _parse_segment(data: bytes, pos: int | None = None
     size = len(data)
     if pos is None:
         if size < len(MAGIC):
-            if data == MAGIC[:size]:
+            if data[:size] == MAGIC[:size]:
                 return [], 0, (_Damage(0, "segment header cut short") if size else None)
             return [], 0, _Damage(0, "not a durablekv log segment (bad magic)")
         if data[:len(MAGIC)] != MAGIC:
@@ -309,7 +325,16 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
         records += recs
         if damage is None:
             return SegmentScan(records, runs, stepped, None, good_end, False)
-        nxt = _next_intact_record(data, damage.offset + 1)
+        try:
+            nxt = _next_intact_record(data, damage.offset + 1)
+        except _ResyncGaveUp as gave_up:
+            # Whether intact records lie behind is not known: not a torn
+            # tail to cut, but damage to refuse (salvage keeps the prefix).
+            damage.detail += (f"; no intact record found in the {gave_up.stop - gave_up.start} "
+                              f"bytes after it that are not zero-filled (the search stops "
+                              f"after {RESYNC_LIMIT} offsets), the {len(data) - gave_up.stop} "
+                              "bytes from there on were not searched")
+            return SegmentScan(records, runs, stepped, damage, good_end, True)
         if nxt is not None:
             why = hides_nothing(HEADER.unpack_from(data, nxt)[2])
             if why:
@@ -333,19 +358,62 @@ def start_gap_detail(checkpoint: int, first: int) -> str:
             "-wal file deleted) or was replaced")
 
 
+#: Most candidate offsets (bytes that are not part of a zero-filled run) a
+#: resync search after damage tries before it gives up: bounds the time a
+#: segment full of garbage can cost (about a second) while a damaged record
+#: or a torn region of a few MiB in front of intact records is still stepped over.
+RESYNC_LIMIT = 4 << 20
+_NONZERO = re.compile(rb"[^\x00]")
+#: Candidate offsets tried by resync searches in this process (tests read it
+#: to bound the work a damaged tail costs).
+resync_probes = 0
+
+
+class _ResyncGaveUp(Exception):
+    """The resync search tried :data:`RESYNC_LIMIT` offsets and found nothing."""
+
+    def __init__(self, start: int, stop: int) -> None:
+        self.start, self.stop = start, stop
+
+
 def _next_intact_record(data: bytes, start: int) -> int | None:
-    """Offset of the first record at or after ``start`` whose CRC checks out."""
+    """Offset of the first record at or after ``start`` whose CRC checks out.
+
+    Zero-filled runs (what a crash or power loss leaves at the end of a file,
+    and what a sparse file reads as) are skipped in C, a block at a time: a
+    record's length field is at least 13, so a record cannot start where
+    four zero bytes do.
+
+    :raises _ResyncGaveUp: :data:`RESYNC_LIMIT` other offsets were tried.
+    """
+    global resync_probes
     hsize, psize = HEADER.size, PAYLOAD.size
     size = len(data)
     unpack = HEADER.unpack_from
-    for pos in range(start, size - hsize - psize + 1):
-        n, crc, lsn = unpack(data, pos)
-        if n < psize or pos + hsize + n > size:
-            continue
-        payload = data[pos + hsize:pos + hsize + n]
-        if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) == crc:
-            return pos
-    return None
+    search = _NONZERO.search
+    stop = size - hsize - psize + 1
+    pos = start
+    probes = 0
+    try:
+        while pos < stop:
+            if not data[pos] and data[pos:pos + 4] == b"\0\0\0\0":
+                m = search(data, pos + 4)
+                if m is None:
+                    return None
+                pos = max(pos + 1, m.start() - 3)
+                continue
+            probes += 1
+            if probes > RESYNC_LIMIT:
+                raise _ResyncGaveUp(start, pos)
+            n, crc, lsn = unpack(data, pos)
+            if psize <= n and pos + hsize + n <= size:
+                payload = data[pos + hsize:pos + hsize + n]
+                if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) == crc:
+                    return pos
+            pos += 1
+        return None
+    finally:
+        resync_probes += probes
 
 
 @dataclass
@@ -461,15 +529,17 @@ class ReplayLog:
         synced = False
         for i, path in enumerate(segments):
             last = i == len(segments) - 1
-            with open(path, "rb") as f:
-                data = f.read()
+            data = map_segment(path)
             size = len(data)
             # Damage that can hide no record the store lacks (the record
             # behind it is at or below the checkpoint, or follows the record
             # before it with no LSN in between, as behind a damaged segment
             # header) loses nothing: the scan steps over it.
-            scan = scan_segment(data, after_lsn, None if last else segments[i + 1],
-                                _first_lsn_of(path))
+            try:
+                scan = scan_segment(data, after_lsn, None if last else segments[i + 1],
+                                    _first_lsn_of(path))
+            finally:
+                unmap_segment(data)
             records, runs = scan.records, scan.runs
             for skipped, resume, why in scan.stepped_over:
                 self.skipped_damage += 1

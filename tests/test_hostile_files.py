@@ -14,6 +14,7 @@ from durablekv import Cache, CorruptStoreError
 from durablekv.check import check_directory
 
 STORE = "pages.sqlite3"
+NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
 
 
 def _filled(d, n=200):
@@ -95,3 +96,47 @@ def test_a_store_from_before_page_checksums_gets_them_when_opened(tmp_path):
         with pytest.raises(CorruptStoreError, match=f"page {pid} fails its checksum"):
             for k in values:
                 cache.get(k)
+
+
+def _segments(d):
+    return sorted(p for p in d.iterdir() if p.name.startswith("replay-") and p.suffix == ".log")
+
+
+def test_a_64_mib_zero_filled_log_tail_is_cut_in_bounded_work(tmp_path, caplog):
+    """A power loss can leave a zero-filled tail; a huge one is skipped in
+    blocks (a few candidate offsets, not one Python step per byte), cut off,
+    and the open says how many bytes it cut."""
+    from durablekv import replaylog
+    d = tmp_path / "c"
+    cache = Cache(d, durability="fsync", **NEVER)
+    for i in range(100):
+        cache[f"k{i}"] = i
+    cache._teardown(clean=False)  # as if killed: the records are only in the log
+    (seg,) = _segments(d)
+    with open(seg, "ab") as f:
+        f.truncate(seg.stat().st_size + (64 << 20))
+    assert check_directory(str(d)).lines[-1].endswith("healthy")  # a torn tail is no damage
+    before = replaylog.resync_probes
+    with Cache(d) as cache:
+        assert [cache[f"k{i}"] for i in range(100)] == list(range(100))
+    assert replaylog.resync_probes - before < 100  # (one per byte: 67 million)
+    assert any("cut a torn tail of 67108864 bytes" in r.getMessage() for r in caplog.records)
+
+
+def test_a_resync_search_through_garbage_gives_up_and_says_so(tmp_path, monkeypatch):
+    """Garbage (not zeros) behind a damaged record: the search for the next
+    intact record stops after RESYNC_LIMIT offsets, and the damage is
+    refused (intact records may lie behind it), naming what was not searched."""
+    from durablekv import LogCorruptionError, replaylog
+    monkeypatch.setattr(replaylog, "RESYNC_LIMIT", 10_000)
+    d2 = tmp_path / "d"
+    cache = Cache(d2, durability="fsync", **NEVER)
+    cache["a"] = 1
+    cache._teardown(clean=False)
+    (seg,) = _segments(d2)
+    with open(seg, "ab") as f:
+        f.write(b"\x01" + random.Random(1).randbytes(50_000))
+    res = check_directory(str(d2))
+    assert not res.ok and any("were not searched" in line for line in res.lines), res.lines
+    with pytest.raises(LogCorruptionError, match="were not searched"):
+        Cache(d2)
