@@ -2336,18 +2336,73 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
         raise ConfigError(f"salvage_log must be True or False, got {salvage_log!r}")
 
 
-def _acquire_dir_lock(path: str) -> int:
+def _acquire_dir_lock(path: str) -> tuple[int, int]:
+    """Take the ownership lock of cache directory ``path``: ``(dir_fd, lock_fd)``.
+
+    The lock is an exclusive ``flock`` on the directory itself (an open
+    descriptor of it), which no file deletion can take away: deleting
+    ``LOCK`` under a live owner no longer lets a second process in. ``LOCK``
+    only names the owner's pid (and is flocked too, so that a durablekv from
+    before this lock still sees the directory as taken).
+
+    :raises CacheLockedError: another open file description holds it (a
+        process, or another Cache in this one).
+    """
+    dir_fd = lock_directory(path, exclusive=True)
     lock_path = os.path.join(path, LOCK_FILE)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except BaseException:
+        _unlock_directory(dir_fd)
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         pid = lock_owner_pid(fd)
         os.close(fd)
+        _unlock_directory(dir_fd)
         raise CacheLockedError(path, pid) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    return dir_fd, fd
+
+
+def lock_directory(path: str, *, exclusive: bool) -> int:
+    """``flock`` the directory ``path`` itself (exclusive: an owner; shared:
+    ``durablekv check``), without waiting; returns the descriptor to keep.
+
+    :raises CacheLockedError: it is held in a conflicting mode; names the
+        pid in ``LOCK`` when there is one.
+    """
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(dir_fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(dir_fd)
+        raise CacheLockedError(path, _lock_file_pid(path)) from None
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    return dir_fd
+
+
+def _unlock_directory(dir_fd: int) -> None:
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
+    finally:
+        os.close(dir_fd)
+
+
+def _lock_file_pid(path: str) -> int | None:
+    """The pid in directory ``path``'s ``LOCK`` file, or None."""
+    try:
+        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return lock_owner_pid(fd)
+    finally:
+        os.close(fd)
 
 
 def lock_owner_pid(fd: int) -> int | None:
@@ -2360,12 +2415,16 @@ def lock_owner_pid(fd: int) -> int | None:
         return None
 
 
-def _release_dir_lock(fd: int) -> None:
+def _release_dir_lock(fds: tuple[int, int]) -> None:
+    dir_fd, fd = fds
     try:
-        os.ftruncate(fd, 0)
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        try:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        _unlock_directory(dir_fd)
 
 
 def _move_aside(path: str) -> str:

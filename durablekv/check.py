@@ -28,8 +28,9 @@ import shlex
 import sqlite3
 from dataclasses import dataclass, field
 
-from .cache import LOCK_FILE, lock_owner_pid
+from .cache import LOCK_FILE, lock_directory, lock_owner_pid
 from .codec import canonical_key, decode_key
+from .errors import CacheLockedError
 from .replaylog import (_first_lsn_of, list_segments, map_segment, scan_segment,
                         start_gap_detail, unmap_segment)
 from .store import STORE_FILE, decode_page, migration_files, page_crc, read_only_uri
@@ -80,28 +81,40 @@ def check_directory(directory: str) -> CheckResult:
         return _finish(r)
     lock = os.path.join(directory, LOCK_FILE)
     lock_fd = None
-    if os.path.exists(lock):
-        # Held shared until the check is done: a cache opening meanwhile
-        # (it takes the lock exclusively) would change what is being read.
-        lock_fd = os.open(lock, os.O_RDONLY)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = lock_owner_pid(lock_fd)
-            os.close(lock_fd)
-            if pid == os.getpid():
-                owner = (f"this process ({pid}), by a Cache that was not closed; close() it "
-                         "and check again")
-            else:
-                owner = (f"process {pid}" if pid is not None else "another process") + \
-                    "; close the cache there (or let that process exit) and check again"
-            r.error(f"{directory} is open in {owner}")
-            return _finish(r)
+    # Held shared until the check is done: a cache opening meanwhile (it
+    # takes these exclusively) would change what is being read. The
+    # directory's own flock is the ownership lock; LOCK's is an older
+    # durablekv's.
+    try:
+        dir_fd = lock_directory(directory, exclusive=False)
+        if os.path.exists(lock):
+            lock_fd = os.open(lock, os.O_RDONLY)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = lock_owner_pid(lock_fd)
+                os.close(lock_fd)
+                os.close(dir_fd)
+                raise CacheLockedError(directory, pid) from None
+    except CacheLockedError as exc:
+        pid = exc.pid
+        if pid == os.getpid():
+            owner = (f"this process ({pid}), by a Cache that was not closed; close() it "
+                     "and check again")
+        else:
+            owner = (f"process {pid}" if pid is not None else "another process") + \
+                "; close the cache there (or let that process exit) and check again"
+        r.error(f"{directory} is open in {owner}")
+        return _finish(r)
+    except OSError as exc:
+        r.error(f"{directory}: cannot be locked for the check ({exc.strerror})")
+        return _finish(r)
     try:
         _check_contents(directory, r)
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
+        os.close(dir_fd)
     return _finish(r)
 
 

@@ -10,8 +10,10 @@ import sqlite3
 
 import pytest
 
-from durablekv import Cache, CorruptStoreError
+from durablekv import CacheLockedError, Cache, CorruptStoreError
 from durablekv.check import check_directory
+
+from .conftest import owner_process
 
 STORE = "pages.sqlite3"
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
@@ -140,3 +142,25 @@ def test_a_resync_search_through_garbage_gives_up_and_says_so(tmp_path, monkeypa
     assert not res.ok and any("were not searched" in line for line in res.lines), res.lines
     with pytest.raises(LogCorruptionError, match="were not searched"):
         Cache(d2)
+
+
+def test_deleting_lock_under_a_live_owner_admits_no_second_owner(tmp_path):
+    """LOCK only names the owner's pid: the ownership lock is a flock on the
+    directory itself, which deleting (or replacing) LOCK cannot take away."""
+    d = tmp_path / "c"
+    owner = owner_process(d)
+    try:
+        (d / "LOCK").unlink()
+        with pytest.raises(CacheLockedError, match="already open in another process"):
+            Cache(d)
+        (d / "LOCK").write_text("12345\n")   # a hand-made pidfile is no lock either
+        with pytest.raises(CacheLockedError, match="process 12345"):
+            Cache(d)
+        res = check_directory(str(d))
+        assert not res.ok and "is open in process 12345" in res.lines[0]
+    finally:
+        owner.stdin.write("\n")
+        owner.stdin.close()
+        assert owner.wait(30) == 0
+    with Cache(d) as cache:   # free once the owner closed
+        assert cache["x"] == 1
