@@ -42,10 +42,12 @@ from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .keyfilter import KeyFilter
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
-                     CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
+                     CorruptStoreError, LogCorruptionError, LogWriteError, StoreError,
+                     WriteBehindError)
 from . import pages as _pages
 from .pages import EMPTY, HAS_TTL, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
-from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments
+from .replaylog import (OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments,
+                        locate_record)
 from .stats import CacheStats, HistogramSnapshot
 from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
                     encode_columns, encode_page, mark_damaged, page_columns, split_page)
@@ -484,7 +486,12 @@ class Cache(MutableMapping):
             self._batcher.start()
             recovered = len(result.records)
             if recovered:
-                self._replay(result.records)
+                try:
+                    self._replay(result.records)
+                except (ValueError, TypeError, IndexError) as exc:
+                    # a record whose CRC holds but whose key or value does not
+                    # decode (hand-made, or nested past MAX_NESTING)
+                    raise self._undecodable_record(result.records, exc) from exc
             self._sweep_on = True
             # Free the records before the collector runs again: it then
             # walks only what the memory tier keeps.
@@ -547,6 +554,22 @@ class Cache(MutableMapping):
             self._absent = _MISSING
             if len(self._tier.dirty) >= self.flush_batch_pages:
                 self._batcher.kick()
+
+    def _undecodable_record(self, records: list[tuple], exc: Exception) -> LogCorruptionError:
+        """The :class:`LogCorruptionError` for the first of ``records`` whose
+        key or value cannot be decoded (``exc``: what replaying them raised)."""
+        for lsn, op, kb, vb, _exp in records:
+            try:
+                _codec.decode_key(kb)
+                if op == OP_SET:
+                    self._codec.decode(vb)
+            except (ValueError, TypeError, IndexError) as bad:
+                path, offset = locate_record(self.path, lsn)
+                return LogCorruptionError(path, offset, f"record LSN {lsn} has a CRC that "
+                                          f"checks out but cannot be decoded: {bad}")
+        path, offset = locate_record(self.path, records[0][0])
+        return LogCorruptionError(path, offset, f"the records from LSN {records[0][0]} cannot "
+                                  f"be replayed: {exc}")
 
     def _replay_keys(self, records: list[tuple], has_deletes: bool, lsn: int,
                      now: float) -> None:

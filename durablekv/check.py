@@ -29,9 +29,10 @@ import sqlite3
 from dataclasses import dataclass, field
 
 from .cache import LOCK_FILE, lock_directory, lock_owner_pid
-from .codec import canonical_key, decode_key
+from .codec import SafeCodec, canonical_key, decode_key
 from .errors import CacheLockedError
-from .replaylog import (_first_lsn_of, list_segments, map_segment, scan_segment,
+from .replaylog import (OP_SET, _first_lsn_of, _record_offset, list_segments, map_segment,
+                        scan_segment,
                         start_gap_detail, unmap_segment)
 from .store import STORE_FILE, decode_page, migration_files, page_crc, read_only_uri
 
@@ -43,6 +44,7 @@ class CheckResult:
     ok: bool = True
     damaged: bool = False  #: damage found (``ok`` is also False when it could not check)
     lines: list[str] = field(default_factory=list)
+    serializer: str | None = None  #: the store's value codec, once read from its meta table
 
     def good(self, msg: str) -> None:
         self.lines.append(f"ok      {msg}")
@@ -133,7 +135,7 @@ def _check_contents(directory: str, r: CheckResult) -> None:
               "move it aside and start empty, applying the replay log, or delete the "
               "marker if the store checks clean)")
     checkpoint = _check_store(directory, r)
-    _check_log(directory, checkpoint, r)
+    _check_log(directory, checkpoint, r, r.serializer)
     for name in sorted(os.listdir(directory)):
         if name.startswith("replay-") and name.endswith(".damaged"):
             r.note(f"{os.path.join(directory, name)}: a log segment salvage moved aside; its "
@@ -213,6 +215,7 @@ def _check_store(directory: str, r: CheckResult) -> int:
                    f"this durablekv upgrades it to {supported}, after which the older "
                    "durablekv refuses it (back the directory up first if you may go back)")
         meta = dict(conn.execute("SELECT name, value FROM meta"))
+        r.serializer = str(meta.get("serializer", "safe"))
         checkpoint = int(meta.get("checkpoint_lsn", 0))
         r.good(f"settings: page_size={meta.get('page_size')} serializer={meta.get('serializer')} "
                f"checkpoint_lsn={checkpoint}")
@@ -277,7 +280,20 @@ def _salvage_advice(directory: str) -> str:
             "or restore the directory from a backup")
 
 
-def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
+def _undecodable(rec: tuple, values) -> str | None:
+    """Why a log record's key or value (``values``: the store's codec, or
+    None when unknown) cannot be decoded, or None when it can."""
+    try:
+        decode_key(rec[2])
+        if values is not None and rec[1] == OP_SET:
+            values.decode(rec[3])
+    except (ValueError, TypeError, IndexError) as exc:
+        return str(exc)
+    return None
+
+
+def _check_log(directory: str, checkpoint: int, r: CheckResult,
+               serializer: str | None = None) -> None:
     """Read the log as the next open will (:func:`~durablekv.replaylog.scan_segment`):
     damage or an LSN gap that can hide only records at or below the
     checkpoint loses nothing, and recovery steps over it, so it is a note."""
@@ -285,6 +301,8 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
     if not segments:
         r.good("replay log: empty (cleanly closed)")
         return
+    # (pickle values are not loaded: that could run code)
+    values = SafeCodec() if serializer in (None, "safe", "json") else None
     expect = None
     pending = 0
     salvageable = None  # records after the checkpoint before the first refused damage
@@ -305,6 +323,13 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
             resumed.add(0)
         for j, rec in enumerate(scan.records):
             lsn = rec[0]
+            if lsn > checkpoint:
+                bad = _undecodable(rec, values)
+                if bad:
+                    r.bad(f"{path}: record LSN {lsn} at offset "
+                          f"{_record_offset(scan.records, scan.runs, j)} has a CRC that checks "
+                          f"out but cannot be decoded ({bad}); the next open refuses it "
+                          "(LogCorruptionError)")
             if expect is None and first_record and lsn > checkpoint + 1:
                 r.bad(f"{path}: {start_gap_detail(checkpoint, lsn)}; "
                       f"{_salvage_advice(directory)}")

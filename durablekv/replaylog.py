@@ -250,6 +250,26 @@ def _record_offset(records: list[tuple], runs: list[tuple[int, int]], index: int
     raise IndexError(index)
 
 
+def locate_record(directory: str, lsn: int) -> tuple[str, int]:
+    """``(segment path, byte offset)`` of the record ``lsn`` in the log in
+    ``directory`` (for error messages), or the directory and 0 when no
+    segment holds it."""
+    for path in reversed(list_segments(directory)):
+        if _first_lsn_of(path) > lsn:
+            continue
+        data = map_segment(path)
+        try:
+            pos = len(MAGIC)
+            while pos + HEADER.size <= len(data):
+                n, _crc, at = HEADER.unpack_from(data, pos)
+                if at == lsn:
+                    return path, pos
+                pos += HEADER.size + n
+        finally:
+            unmap_segment(data)
+    return directory, 0
+
+
 def _first_lsn_of(path: str) -> int:
     """The first LSN a segment was opened for, from its name."""
     name = os.path.basename(path)

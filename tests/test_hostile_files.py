@@ -164,3 +164,50 @@ def test_deleting_lock_under_a_live_owner_admits_no_second_owner(tmp_path):
         assert owner.wait(30) == 0
     with Cache(d) as cache:   # free once the owner closed
         assert cache["x"] == 1
+
+
+def _deep(levels: int, tag: bytes = b"t") -> bytes:
+    """The safe codec's encoding of ``levels`` one-item containers around None."""
+    return (tag + b"\x01\x00\x00\x00") * levels + b"N"
+
+
+def test_set_refuses_keys_and_values_nested_past_max_nesting(tmp_path):
+    from durablekv.codec import MAX_NESTING
+
+    def nest(levels, kind=tuple):
+        obj = None
+        for _ in range(levels):
+            obj = kind([obj])
+        return obj
+    with Cache(tmp_path / "c") as cache:
+        cache[nest(MAX_NESTING)] = nest(MAX_NESTING, list)   # at the limit: fine
+        assert cache[nest(MAX_NESTING)] == nest(MAX_NESTING, list)
+        for key, value in [(nest(MAX_NESTING + 1), 1), (nest(5000), 1), ("v", nest(5000)),
+                           ("l", nest(5000, list)), ("t", nest(MAX_NESTING + 1))]:
+            with pytest.raises(TypeError, match=f"MAX_NESTING={MAX_NESTING}"):
+                cache[key] = value
+        assert len(cache) == 1
+
+
+@pytest.mark.parametrize("where", ["key", "value"])
+def test_a_deeply_nested_log_record_is_damage_not_a_recursion_error(tmp_path, where):
+    """A record nested far past MAX_NESTING (hand-made: set() refuses it) with
+    a good CRC: open, check and salvage report it as damage, never with a
+    RecursionError."""
+    from durablekv import DurableKVError
+    from durablekv.cli import main
+    from durablekv.replaylog import OP_SET, encode_record
+    d = tmp_path / "c"
+    cache = Cache(d, durability="fsync", **NEVER)
+    cache["a"] = 1
+    cache._teardown(clean=False)
+    (seg,) = _segments(d)
+    deep = _deep(5000)
+    key, value = (deep, b"N") if where == "key" else (b"s\x01\x00\x00\x00k", deep)
+    with open(seg, "ab") as f:
+        f.write(encode_record(2, OP_SET, key, value, None))
+    with pytest.raises(DurableKVError, match="MAX_NESTING"):
+        Cache(d)
+    res = check_directory(str(d))
+    assert res.damaged and any("MAX_NESTING" in line for line in res.lines), res.lines
+    assert main(["salvage", str(d)]) in (0, 1)
