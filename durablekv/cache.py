@@ -49,8 +49,9 @@ from .pages import EMPTY, HAS_TTL, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import (OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments,
                         locate_record)
 from .stats import CacheStats, HistogramSnapshot
-from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
-                    encode_columns, encode_page, mark_damaged, page_columns, split_page)
+from .store import (ASCII_KEYS, INT_KEYS, PAGE_SIZE_MAX, RAW_BYTES, STORE_FILE, PageImage,
+                    SQLitePageStore, encode_columns, encode_page, mark_damaged, page_columns,
+                    split_page)
 
 __all__ = ["Cache"]
 
@@ -2337,7 +2338,7 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
             raise ConfigError(f"{name} must be an integer {rng}, got {value!r}")
 
     if page_size is not None:
-        need_int("page_size", page_size, 1, 65535)
+        need_int("page_size", page_size, 1, PAGE_SIZE_MAX)
     need_int("max_pages", max_pages, 1)
     need_int("flush_batch_pages", flush_batch_pages, 1)
     need_int("max_value_bytes", max_value_bytes, 1, MAX_VALUE_BYTES_LIMIT)

@@ -34,7 +34,8 @@ from .errors import CacheLockedError
 from .replaylog import (OP_SET, _first_lsn_of, _record_offset, list_segments, map_segment,
                         scan_segment,
                         start_gap_detail, unmap_segment)
-from .store import STORE_FILE, decode_page, migration_files, page_crc, read_only_uri
+from .store import (STORE_FILE, decode_page, meta_problems, migration_files, page_crc,
+                    read_only_uri)
 
 __all__ = ["check_directory", "CheckResult"]
 
@@ -216,7 +217,17 @@ def _check_store(directory: str, r: CheckResult) -> int:
                    "durablekv refuses it (back the directory up first if you may go back)")
         meta = dict(conn.execute("SELECT name, value FROM meta"))
         r.serializer = str(meta.get("serializer", "safe"))
-        checkpoint = int(meta.get("checkpoint_lsn", 0))
+        # (one min() or max() per statement: SQLite reads one B-tree path for
+        # it; both in one statement scan the whole table)
+        max_pid, min_pid = (conn.execute("SELECT MAX(page_id) FROM pages").fetchone()[0],
+                            conn.execute("SELECT MIN(page_id) FROM pages").fetchone()[0])
+        problems = meta_problems(meta, max_pid, min_pid, sum(
+            os.path.getsize(p) for p in (path, wal) if os.path.exists(p)))
+        for problem in problems:
+            r.bad(f"{path}: {problem}; the next open refuses the store (CorruptStoreError)")
+        if problems:
+            return 0
+        checkpoint = meta["checkpoint_lsn"]
         r.good(f"settings: page_size={meta.get('page_size')} serializer={meta.get('serializer')} "
                f"checkpoint_lsn={checkpoint}")
         index = {k: (pid, exp) for k, pid, exp in

@@ -72,7 +72,7 @@ log = logging.getLogger("durablekv.store")
 
 __all__ = ["SQLitePageStore", "PageImage", "encode_page", "encode_columns", "decode_page", "split_page",
            "page_layout", "page_columns", "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS", "migration_files",
-           "STORE_FILE", "page_crc"]
+           "STORE_FILE", "page_crc", "meta_problems", "PAGE_SIZE_MAX"]
 
 STORE_FILE = "pages.sqlite3"
 #: Left beside the store when damage is found while the cache runs, so the
@@ -337,6 +337,53 @@ def _decode_v1(data: bytes) -> Iterator[tuple[int, bytes, bytes, float | None]]:
         yield slot, kb, vb, (None if exp != exp else exp)
 
 
+#: Most slots a page may have (a slot number is a u16 in the page blob);
+#: the constructor's bound on ``page_size``, and the bound on the stored one.
+PAGE_SIZE_MAX = 65535
+#: Bounds on page ids and LSNs read from disk (far beyond any real store,
+#: well inside int64 so that no later arithmetic or packing overflows).
+_ID_MAX = (1 << 62) - 1
+
+
+def meta_problems(meta: dict[str, Any], max_page_id: Any, min_page_id: Any,
+                  store_bytes: int) -> list[str]:
+    """What is wrong with settings and counters read from a store's ``meta``
+    table (and the page-id range of its ``pages``), each naming the field,
+    the value found and the bound; [] when all hold. The bounds are the
+    constructor's (``page_size`` 1 to :data:`PAGE_SIZE_MAX`) and what a store
+    of ``store_bytes`` bytes can hold (every key takes at least a byte of
+    its index, so ``key_count`` cannot exceed it)."""
+    out: list[str] = []
+
+    def need_int(name: str, value: Any, lo: int, hi: int, why: str = "") -> bool:
+        if type(value) is int and lo <= value <= hi:
+            return True
+        out.append(f"meta {name}={value!r} is not an integer from {lo} to {hi}{why}")
+        return False
+
+    if "page_size" in meta:
+        need_int("page_size", meta["page_size"], 1, PAGE_SIZE_MAX)
+    if "serializer" in meta and type(meta["serializer"]) is not str:
+        out.append(f"meta serializer={meta['serializer']!r} is not a codec name")
+    need_int("checkpoint_lsn", meta.get("checkpoint_lsn"), 0, _ID_MAX)
+    bound = max(store_bytes, 0)
+    if need_int("key_count", meta.get("key_count"), 0, bound,
+                f" (a store of {store_bytes} bytes cannot hold more keys)"):
+        need_int("ttl_key_count", meta.get("ttl_key_count"), 0, meta["key_count"],
+                 " (key_count)")
+    for name in ("ttl_clock_offset", "ttl_clock_now"):
+        value = meta.get(name)
+        if name in meta and not (type(value) in (int, float) and value == value and
+                                 (name == "ttl_clock_now" or math.isfinite(value))):
+            out.append(f"meta {name}={value!r} is not a " +
+                       ("finite number" if name == "ttl_clock_offset" else "number"))
+    if max_page_id is not None and (type(max_page_id) is not int or
+                                    not 0 <= min_page_id <= max_page_id <= _ID_MAX):
+        out.append(f"page ids run from {min_page_id!r} to {max_page_id!r}, outside 0 to "
+                   f"{_ID_MAX}")
+    return out
+
+
 def migration_files() -> list[tuple[int, str, str]]:
     """The packaged migrations as ``(version, name, sql)``, in order."""
     try:
@@ -503,25 +550,27 @@ class SQLitePageStore:
                     rows = [r[0] for r in self._w.execute("PRAGMA quick_check")]
                     if rows != ["ok"]:
                         raise CorruptStoreError(self.path, "quick_check: " + "; ".join(rows[:3]))
-                row = self._w.execute(
-                    "SELECT (SELECT value FROM meta WHERE name='checkpoint_lsn'),"
-                    " (SELECT value FROM meta WHERE name='key_count'),"
-                    " (SELECT value FROM meta WHERE name='ttl_key_count'),"
-                    " (SELECT MAX(page_id) FROM pages),"
-                    " (SELECT value FROM meta WHERE name='ttl_clock_offset'),"
-                    " (SELECT value FROM meta WHERE name='ttl_clock_now')").fetchone()
+                meta = dict(self._w.execute("SELECT name, value FROM meta"))
+                # (one min() or max() per statement: SQLite reads one B-tree path for
+                # it; both in one statement scan the whole table)
+                max_pid, min_pid = (self._w.execute("SELECT MAX(page_id) FROM pages").fetchone()[0],
+                                    self._w.execute("SELECT MIN(page_id) FROM pages").fetchone()[0])
+                problems = meta_problems(meta, max_pid, min_pid, self.size_bytes())
+                if problems:
+                    raise CorruptStoreError(self.path, "; ".join(problems))
         except BaseException:
             self.close()
             raise
-        self.checkpoint_lsn: int = int(row[0])
-        self.key_count: int = int(row[1])
-        self.ttl_key_count: int = int(row[2])
-        self.max_page_id: int = int(row[3] or 0)
+        self.checkpoint_lsn: int = meta["checkpoint_lsn"]
+        self.key_count: int = meta["key_count"]
+        self.ttl_key_count: int = meta["ttl_key_count"]
+        self.max_page_id: int = max_pid or 0
         #: ``(offset, now)`` of the TTL clock as last committed (see
         #: ``Cache._now``); ``(0.0, -inf)`` when it never had to step over a
         #: clock that went back.
         self.ttl_clock: tuple[float, float] = (
-            (0.0, -math.inf) if row[4] is None else (float(row[4]), float(row[5])))
+            (0.0, -math.inf) if meta.get("ttl_clock_offset") is None else
+            (float(meta["ttl_clock_offset"]), float(meta.get("ttl_clock_now", -math.inf))))
 
     # -- opening -----------------------------------------------------------------
 
@@ -628,7 +677,12 @@ class SQLitePageStore:
                          (self.page_size, serializer))
             self.serializer = serializer
             return
-        self.page_size = int(stored["page_size"])
+        problems = meta_problems({k: stored[k] for k in ("page_size", "serializer") if k in stored}
+                                 | {"checkpoint_lsn": 0, "key_count": 0, "ttl_key_count": 0},
+                                 None, None, 0)
+        if problems:
+            raise CorruptStoreError(self.path, "; ".join(problems))
+        self.page_size = stored["page_size"]
         self.serializer = str(stored.get("serializer", "safe"))
         if page_size is not None and page_size != self.page_size:
             raise ConfigError(

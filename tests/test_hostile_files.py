@@ -211,3 +211,37 @@ def test_a_deeply_nested_log_record_is_damage_not_a_recursion_error(tmp_path, wh
     res = check_directory(str(d))
     assert res.damaged and any("MAX_NESTING" in line for line in res.lines), res.lines
     assert main(["salvage", str(d)]) in (0, 1)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("page_size", 100_000_000), ("page_size", 0), ("page_size", "16"), ("serializer", 7),
+    ("key_count", 10_000_000_000), ("key_count", -1), ("ttl_key_count", 10 ** 6),
+    ("checkpoint_lsn", "abc"), ("checkpoint_lsn", -5), ("checkpoint_lsn", 1 << 62),
+    ("checkpoint_lsn", 2.5), ("ttl_clock_offset", float("nan")),
+])
+def test_a_meta_value_out_of_bounds_is_corrupt_store_error_naming_it(tmp_path, name, value):
+    """Every value read from meta is checked against the constructor's
+    bounds: a CorruptStoreError naming the field (never a raw ValueError,
+    OverflowError, MemoryError or a 26 s open), and check reports it."""
+    d = tmp_path / "c"
+    _filled(d, 20)
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptStoreError, match=f"meta {name}="):
+        Cache(d)
+    res = check_directory(str(d))
+    assert res.damaged and any(f"meta {name}=" in line for line in res.lines), res.lines
+
+
+def test_page_ids_out_of_range_are_corrupt_store_error(tmp_path):
+    d = tmp_path / "c"
+    _filled(d, 20)
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("UPDATE pages SET page_id = -3 WHERE page_id = (SELECT MIN(page_id) FROM pages)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptStoreError, match="page ids run from -3"):
+        Cache(d)
+    assert any("page ids run from -3" in line for line in check_directory(str(d)).lines)
