@@ -63,7 +63,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from .errors import FlushTimeoutError, HeldKeyError, WriteBehindError
+from .errors import FlushTimeoutError, HeldKeyError, LogFileGoneError, WriteBehindError
 from .stats import FLUSH_PAGES_BUCKETS, FLUSH_SECONDS_BUCKETS, Histogram
 
 __all__ = ["WriteBehindBatcher", "Batch"]
@@ -296,8 +296,19 @@ class WriteBehindBatcher:
         self._cycle()
 
     def _cycle(self) -> None:
+        gone: LogFileGoneError | None = None
         if self._log is not None and self._sync_log:
-            self._log.sync()
+            try:
+                self._log.sync()
+            except LogFileGoneError as exc:
+                # The store is now the only durable copy of what memory
+                # holds: commit it, then report the loss of the log.
+                gone = exc
+        self._cycle_commit()
+        if gone is not None:
+            raise gone
+
+    def _cycle_commit(self) -> None:
         snap = self._source.take_snapshot()
         if snap is None:
             return

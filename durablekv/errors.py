@@ -16,6 +16,7 @@ and a closed cache alike)::
      │    └── HeldKeyError       a page waits for a failing page (flush cause)
      ├── LogError                problems with the replay log
      │    ├── LogCorruptionError a damaged record before the log's tail
+     │    ├── LogFileGoneError   the active segment was deleted while open
      │    └── LogWriteError      (OSError) an append or fsync failed
      ├── WriteBehindError        a background flush to SQLite failed
      │    └── FlushTimeoutError  (TimeoutError) flush(timeout=...) ran out
@@ -44,6 +45,7 @@ __all__ = [
     "HeldKeyError",
     "LogError",
     "LogCorruptionError",
+    "LogFileGoneError",
     "LogWriteError",
     "WriteBehindError",
     "FlushTimeoutError",
@@ -165,6 +167,18 @@ class SchemaVersionError(StoreError):
 
 class LogError(DurableKVError):
     """A problem with the replay log."""
+
+
+class LogFileGoneError(LogError):
+    """The active replay log segment was deleted or replaced while the cache
+    was open (found at the next fsync of the log or segment roll).
+
+    :ivar path: the segment.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(message)
 
 
 class LogCorruptionError(LogError):

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
-from .errors import LogCorruptionError, LogError, LogWriteError
+from .errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
 
 __all__ = ["ReplayLog", "LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC"]
 
@@ -777,6 +777,9 @@ class ReplayLog:
                     self._fsync(old_fd)
                 except OSError as exc:
                     raise LogWriteError(old_path, exc) from exc
+            gone = _gone(old_fd, old_path)
+            if gone:
+                raise _segment_gone(old_path, gone)
             self._open_segment(next_lsn)
             os.close(old_fd)
             self._sealed.append((old_path, self._last_lsn))
@@ -807,11 +810,14 @@ class ReplayLog:
                 if self._dir_unsynced:
                     self._dir_unsynced = False
                     _fsync_dir(self.directory)
+                gone = _gone(fd, path)
             except OSError as exc:
                 self._dir_unsynced = True
                 raise LogWriteError(path, exc) from exc
             finally:
                 os.close(fd)
+            if gone:
+                raise _segment_gone(path, gone)
             self._synced_lsn = max(self._synced_lsn, target)
 
     def truncate_through(self, lsn: int) -> int:
@@ -869,6 +875,27 @@ class ReplayLog:
             self._sealed_bytes = 0
             self._size = 0
             _fsync_dir(self.directory)
+
+
+def _gone(fd: int, path: str) -> str | None:
+    """How the file open as ``fd`` is no longer the one named ``path``
+    (deleted, or replaced by another file), or None when it still is."""
+    st = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return "was deleted"
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        return "was replaced by another file"
+    return None
+
+
+def _segment_gone(path: str, how: str) -> LogFileGoneError:
+    return LogFileGoneError(path,
+        f"the active replay log segment {path!r} {how} while the cache was open: the "
+        "records written to it since the last checkpoint are no longer in the log, so a "
+        "crash now would lose acknowledged writes. Close the cache (the final flush stores "
+        "what memory holds) and do not delete files in a cache directory while it is open")
 
 
 def _fsync_dir(directory: str) -> None:

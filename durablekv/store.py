@@ -543,6 +543,8 @@ class SQLitePageStore:
                                         if getlimit is not None else 999)
                 self._migrate()
                 self._settings(page_size, serializer)
+                st = os.stat(self.path)
+                self._identity = (st.st_dev, st.st_ino)
                 self._r = self._connect(durability, busy_timeout)
                 self._r.execute("PRAGMA query_only = ON")
                 self._find_cursor = self._r.cursor()
@@ -924,12 +926,32 @@ class SQLitePageStore:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+        self._check_identity("flush")
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
         if ttl_clock is not None:
             self.ttl_clock = ttl_clock
         return added
+
+    def _check_identity(self, when: str) -> None:
+        """Raise :class:`StoreError` if ``pages.sqlite3`` is no longer the file
+        this store opened (deleted or replaced while open: commits then go to
+        a file no open will see, and the replay log must be kept)."""
+        try:
+            st = os.stat(self.path)
+            how = None if (st.st_dev, st.st_ino) == self._identity else "was replaced"
+        except FileNotFoundError:
+            how = "was deleted"
+        if how:
+            raise StoreError(
+                f"page store {self.path!r} {how} while the cache was open (found at {when}): "
+                "what was stored since is in a file no open can see. The replay log is kept "
+                "(it is cut back only behind a checkpoint in the live store), so the next "
+                "open refuses the gap between a new store and the log (LogCorruptionError) "
+                "instead of starting empty; restore pages.sqlite3 from a backup, or run "
+                "`durablekv salvage` to keep what the log holds. Do not delete files in a "
+                "cache directory while it is open", self.path)
 
     def _refuse_held_keys(self, conn: sqlite3.Connection, added: list[bytes],
                           held_pages: Set[int]) -> None:

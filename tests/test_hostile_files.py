@@ -4,6 +4,7 @@ before it is trusted, and damage is a ``durablekv.errors`` exception (or
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import sqlite3
@@ -245,3 +246,69 @@ def test_page_ids_out_of_range_are_corrupt_store_error(tmp_path):
     with pytest.raises(CorruptStoreError, match="page ids run from -3"):
         Cache(d)
     assert any("page ids run from -3" in line for line in check_directory(str(d)).lines)
+
+
+def test_deleting_the_store_while_open_keeps_the_log_and_fails_loudly(tmp_path):
+    """pages.sqlite3 deleted under an open cache: flush and close fail with
+    durablekv errors and the replay log is kept, so the next open gets every
+    acknowledged write back from it (before, close deleted the log and the
+    next open started empty)."""
+    from durablekv import DurableKVError
+    d = tmp_path / "c"
+    cache = Cache(d, **NEVER)
+    for i in range(50):
+        cache[f"k{i}"] = i
+    cache.flush()
+    (d / STORE).unlink()
+    for i in range(50, 60):
+        cache[f"k{i}"] = i
+    with pytest.raises(DurableKVError, match="was deleted while the cache was open"):
+        cache.flush()
+    with pytest.raises(DurableKVError, match="was deleted while the cache was open"):
+        cache.close()
+    assert _segments(d)   # the log was not deleted
+    with Cache(d) as cache:
+        assert {k: cache[k] for k in cache} == {f"k{i}": i for i in range(60)}
+
+
+def test_a_log_cut_back_behind_a_deleted_store_is_refused_not_started_empty(tmp_path):
+    """Segments a checkpoint in the deleted store covered were deleted: the
+    next open meets a new empty store and a log starting past LSN 1, and
+    refuses the gap (check reports it) instead of starting empty."""
+    from durablekv import DurableKVError, LogCorruptionError
+    from durablekv.cache import MIN_SEGMENT_BYTES
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=MIN_SEGMENT_BYTES, **NEVER)
+    for i in range(400):
+        cache[f"k{i}"] = b"x" * 100
+    cache.flush()
+    assert len(_segments(d)) == 1  # the rolled segments were checkpointed and deleted
+    (d / STORE).unlink()
+    cache["late"] = 1
+    with pytest.raises(DurableKVError, match="was deleted while the cache was open"):
+        cache.close()
+    res = check_directory(str(d))
+    assert res.damaged and any("never stored" in line for line in res.lines), res.lines
+    with pytest.raises(LogCorruptionError, match="never stored"):
+        Cache(d)
+
+
+@pytest.mark.parametrize("durability", ["log", "fsync"])
+def test_deleting_the_active_log_segment_while_open_fails_loudly(tmp_path, durability):
+    """The active segment deleted under an open cache: the next fsync of the
+    log (each set in fsync mode, the write-behind's in log mode) finds it and
+    raises, naming the segment; before, the loss was silent and the next
+    roll raised a raw FileNotFoundError."""
+    from durablekv import DurableKVError
+    d = tmp_path / "c"
+    cache = Cache(d, durability=durability, **NEVER)
+    cache["a"] = 1
+    (seg,) = _segments(d)
+    seg.unlink()
+    with pytest.raises(DurableKVError, match="replay-0+1.log' was deleted while the cache"):
+        cache["b"] = 2
+        cache.flush()
+    with contextlib.suppress(DurableKVError):
+        cache.close()
+    with Cache(d) as cache:
+        assert cache["a"] == 1  # the final flush stored what memory held
