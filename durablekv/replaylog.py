@@ -492,6 +492,7 @@ class ReplayLog:
         self._sync_lock = threading.Lock()  # one fsync at a time (group commit)
         self._sealed_bytes = 0
         self._dir_unsynced = False  # a segment was created since the last directory fsync
+        self._gone: LogFileGoneError | None = None  # the active segment was found deleted
 
     # -- seams for fault injection ---------------------------------------------------
 
@@ -689,6 +690,12 @@ class ReplayLog:
     # -- appending -------------------------------------------------------------------
 
     @property
+    def gone(self) -> LogFileGoneError | None:
+        """The error naming the active segment, once an fsync or a roll found
+        it deleted or replaced while open; else None."""
+        return self._gone
+
+    @property
     def last_lsn(self) -> int:
         return self._last_lsn
 
@@ -779,7 +786,8 @@ class ReplayLog:
                     raise LogWriteError(old_path, exc) from exc
             gone = _gone(old_fd, old_path)
             if gone:
-                raise _segment_gone(old_path, gone)
+                self._gone = _segment_gone(old_path, gone)
+                raise self._gone
             self._open_segment(next_lsn)
             os.close(old_fd)
             self._sealed.append((old_path, self._last_lsn))
@@ -794,6 +802,8 @@ class ReplayLog:
 
         :raises LogWriteError: fsync failed (the cache then fails stop).
         """
+        if self._gone is not None:
+            raise self._gone  # every later sync says so again
         if self._synced_lsn >= lsn:
             return
         with self._sync_lock:
@@ -817,7 +827,8 @@ class ReplayLog:
             finally:
                 os.close(fd)
             if gone:
-                raise _segment_gone(path, gone)
+                self._gone = _segment_gone(path, gone)
+                raise self._gone
             self._synced_lsn = max(self._synced_lsn, target)
 
     def truncate_through(self, lsn: int) -> int:

@@ -306,9 +306,9 @@ def test_deleting_the_active_log_segment_while_open_fails_loudly(tmp_path, durab
     (seg,) = _segments(d)
     seg.unlink()
     with pytest.raises(DurableKVError, match="replay-0+1.log' was deleted while the cache"):
-        cache["b"] = 2
-        cache.flush()
+        cache["b"] = 2    # fsync mode: this set's fsync finds it
+        cache.flush()     # log mode: the write-behind's fsync, then flush() says so
     with contextlib.suppress(DurableKVError):
         cache.close()
-    with Cache(d) as cache:
-        assert cache["a"] == 1  # the final flush stored what memory held
+    with Cache(d) as cache:  # the commits stored what memory held
+        assert cache["a"] == 1
