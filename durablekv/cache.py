@@ -867,6 +867,10 @@ class Cache(MutableMapping):
         from_blob = self._codec.memory_form_from_blob
         decode_key = _codec.decode_key
         try:
+            if type(n) is not int or not 0 < n <= self.page_size:
+                # before anything is decoded: a blob of any size costs no more
+                raise ValueError(f"its row says {n!r} entries, not 1 to page_size "
+                                 f"{self.page_size}")
             if data[:2] == b"\xff\xff":
                 slots, expires, flags, keys, values = page_columns(data)
                 if not flags & (ASCII_KEYS | INT_KEYS):
@@ -1314,8 +1318,12 @@ class Cache(MutableMapping):
         return lsn
 
     def _value_too_big(self, key: Any, size: int) -> ValueError:
+        fix = ("store it elsewhere (max_value_bytes is at its largest, "
+               f"MAX_VALUE_BYTES_LIMIT={MAX_VALUE_BYTES_LIMIT}: one entry must fit in a page)"
+               if self.max_value_bytes >= MAX_VALUE_BYTES_LIMIT else
+               f"store it elsewhere or raise max_value_bytes (up to {MAX_VALUE_BYTES_LIMIT})")
         return ValueError(f"value for key {key!r} is {size} bytes, over max_value_bytes="
-                          f"{self.max_value_bytes}; store it elsewhere or raise max_value_bytes")
+                          f"{self.max_value_bytes}; {fix}")
 
     def _encode_entry(self, key: Any, value: Any) -> tuple[bytes, bytes, Any, int]:
         """``(key bytes, value bytes, memory form, encoded size)`` of an entry,

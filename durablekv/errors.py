@@ -208,14 +208,21 @@ class LogCorruptionError(LogError):
 class LogWriteError(LogError, OSError):
     """Appending to or fsyncing the replay log failed; the write was not acknowledged."""
 
-    def __init__(self, path: str, cause: OSError) -> None:
+    def __init__(self, path: str, cause: OSError, *, during_write: bool = True) -> None:
         self.path = path
         self.cause = cause
+        if during_write:
+            what = (f"could not append to replay log {path!r}: {cause.strerror or cause}; "
+                    "the write was NOT stored")
+        else:  # opening: no write was attempted
+            what = (f"could not create replay log segment {path!r} while opening the cache: "
+                    f"{cause.strerror or cause}; no write was attempted, and the cache did "
+                    "not open")
         OSError.__init__(
             self,
             cause.errno,
-            f"could not append to replay log {path!r}: {cause.strerror or cause}; "
-            "the write was NOT stored. Free disk space or fix the file system, then retry",
+            f"{what}. Free disk space or fix the file system (permissions, a read-only "
+            "or immutable directory), then retry",
         )
 
     def __str__(self) -> str:

@@ -702,9 +702,25 @@ class ReplayLog:
     def start(self, next_lsn: int) -> None:
         """Open a new segment whose first record will have LSN ``next_lsn``."""
         with self._lock:
-            self._open_segment(next_lsn)
+            self._open_segment(next_lsn, during_write=False)
 
-    def _open_segment(self, first_lsn: int) -> None:
+    def _open_segment(self, first_lsn: int, during_write: bool = True) -> None:
+        """Create the segment for ``first_lsn`` and make it the active one.
+
+        :raises LogWriteError: it could not be created (``during_write``:
+            for a set whose record was then not stored; else at open).
+        """
+        try:
+            self._create_segment(first_lsn)
+        except LogWriteError as exc:
+            if during_write:
+                raise
+            raise LogWriteError(exc.path, exc.cause, during_write=False) from exc.cause
+        except OSError as exc:
+            path = os.path.join(self.directory, segment_name(first_lsn))
+            raise LogWriteError(path, exc, during_write=during_write) from exc
+
+    def _create_segment(self, first_lsn: int) -> None:
         path = os.path.join(self.directory, segment_name(first_lsn))
         # A sealed segment of the same name can only hold no records (its
         # first LSN is not yet used): it is replaced, not kept as sealed.

@@ -312,3 +312,107 @@ def test_deleting_the_active_log_segment_while_open_fails_loudly(tmp_path, durab
         cache.close()
     with Cache(d) as cache:  # the commits stored what memory held
         assert cache["a"] == 1
+
+
+def test_the_sqlite_wal_is_cut_back_while_the_cache_runs(tmp_path, monkeypatch):
+    """Many flushes of a store several times the WAL limit: the -wal file
+    stays near the limit while open instead of growing with the load."""
+    from durablekv.store import SQLitePageStore
+    limit = 256 << 10
+    monkeypatch.setattr(SQLitePageStore, "wal_size_limit", limit)
+    d = tmp_path / "c"
+    largest = 0
+    with Cache(d, page_size=16, max_pages=64, **NEVER) as cache:
+        for round_ in range(30):
+            for i in range(400):
+                cache[f"k{i % 200}"] = bytes([round_]) * 500   # rewritten pages
+                cache[f"r{round_}-{i}"] = b"x" * 500         # and a growing store
+            cache.flush()
+            largest = max(largest, (d / (STORE + "-wal")).stat().st_size)
+        store_size = (d / STORE).stat().st_size
+    assert store_size > 8 * limit
+    # one flush's transaction (about 800 * 500 bytes of pages) may pass the limit
+    assert largest < limit + (1 << 20), (largest, store_size)
+
+
+def test_a_segment_the_directory_refuses_is_log_write_error_not_permission_error(
+        tmp_path, monkeypatch):
+    """A read-only or immutable directory (here: creating a segment is
+    refused, as chattr +i does even for root): the set that rolls to a new
+    segment raises LogWriteError, and an open says no write was attempted."""
+    import errno
+    import os as _os
+    from durablekv import LogWriteError
+    from durablekv.cache import MIN_SEGMENT_BYTES
+    d = tmp_path / "c"
+    cache = Cache(d, segment_bytes=MIN_SEGMENT_BYTES, **NEVER)
+    real_open = _os.open
+
+    def refuse(path, flags, *args, **kwargs):
+        if "replay-" in str(path) and flags & _os.O_CREAT:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        return real_open(path, flags, *args, **kwargs)
+    monkeypatch.setattr(_os, "open", refuse)
+    with pytest.raises(LogWriteError, match="the write was NOT stored"):
+        for i in range(100):
+            cache[f"k{i}"] = b"x" * 100
+    monkeypatch.setattr(_os, "open", real_open)
+    cache.close()
+
+    def full(self, fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    from durablekv.replaylog import ReplayLog
+    monkeypatch.setattr(ReplayLog, "_write", full)
+    with pytest.raises(LogWriteError) as exc:
+        Cache(d)
+    assert "no write was attempted" in str(exc.value) and "NOT stored" not in str(exc.value)
+
+
+def test_the_over_limit_message_does_not_advise_raising_a_limit_at_its_maximum(tmp_path):
+    from durablekv.cache import MAX_VALUE_BYTES_LIMIT
+    with Cache(tmp_path / "a", max_value_bytes=10) as cache:
+        with pytest.raises(ValueError, match="raise max_value_bytes"):
+            cache["k"] = b"x" * 11
+    with Cache(tmp_path / "b", max_value_bytes=MAX_VALUE_BYTES_LIMIT) as cache:
+        with pytest.raises(ValueError) as exc:
+            raise cache._value_too_big("k", MAX_VALUE_BYTES_LIMIT + 1)
+        assert "raise max_value_bytes" not in str(exc.value)
+        assert "at its largest" in str(exc.value)
+
+
+def test_a_stored_list_with_a_bad_count_is_corrupt_store_error(tmp_path):
+    """Hand-made (checksum made to match): a list value whose count is more
+    than its bytes can hold is damage found at the page fault, before
+    anything is allocated, never a bare ValueError at a later get."""
+    from .conftest import reseal_pages
+    d = tmp_path / "c"
+    with Cache(d, page_size=4) as cache:
+        cache["k"] = [1, 2, 3]
+    conn = sqlite3.connect(d / STORE)
+    (data,) = conn.execute("SELECT data FROM pages").fetchone()
+    at = data.index(b"l\x03\x00\x00\x00")
+    data = data[:at] + b"l\xff\xff\xff\x7f" + data[at + 5:]
+    conn.execute("UPDATE pages SET data = ?", (data,))
+    reseal_pages(conn)
+    conn.commit()
+    conn.close()
+    with Cache(d) as cache:
+        with pytest.raises(CorruptStoreError, match="more than the"):
+            cache.get("k")
+
+
+def test_a_200_mb_zero_blob_fails_fast(tmp_path):
+    """A page row of 200 MB of zeros (with a checksum made to match) is
+    refused from its entry count before the blob is walked."""
+    from .conftest import reseal_pages
+    d = tmp_path / "c"
+    with Cache(d, page_size=4) as cache:
+        cache["k"] = 1
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("UPDATE pages SET data = zeroblob(200000000), n_entries = 11111111")
+    reseal_pages(conn)
+    conn.commit()
+    conn.close()
+    with Cache(d) as cache:
+        with pytest.raises(CorruptStoreError, match="11111111 entries"):
+            cache.get("k")
