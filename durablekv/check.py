@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from .cache import LOCK_FILE, lock_directory, lock_owner_pid
 from .codec import SafeCodec, canonical_key, decode_key
 from .errors import CacheLockedError
-from .replaylog import (OP_SET, _first_lsn_of, _record_offset, list_segments, map_segment,
-                        scan_segment,
-                        start_gap_detail, unmap_segment)
+from .replaylog import (OP_SET, _record_offset, list_segments,
+                        scan_segment_file, start_gap_detail)
 from .store import (STORE_FILE, decode_page, meta_problems, migration_files, page_crc,
                     read_only_uri)
 
@@ -321,13 +320,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult,
     first_record = True        # the log's first record is still to come
     for i, path in enumerate(segments):
         last = i == len(segments) - 1
-        data = map_segment(path)
-        size = len(data)
-        try:
-            scan = scan_segment(data, checkpoint, None if last else segments[i + 1],
-                                _first_lsn_of(path))
-        finally:
-            unmap_segment(data)
+        scan, size = scan_segment_file(path, checkpoint, None if last else segments[i + 1])
         # records that follow damage stepped over: a gap before them is that damage's
         resumed = set(itertools.accumulate(count for _offset, count in scan.runs[:-1]))
         if after_damaged_end:

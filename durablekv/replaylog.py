@@ -369,6 +369,17 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
         return SegmentScan(records, runs, stepped, damage, good_end, nxt is not None)
 
 
+def scan_segment_file(path: str, after_lsn: int,
+                      next_segment: str | None) -> tuple[SegmentScan, int]:
+    """:func:`scan_segment` of the segment file ``path`` (memory-mapped, see
+    :func:`map_segment`): ``(scan, file size)``."""
+    data = map_segment(path)
+    try:
+        return scan_segment(data, after_lsn, next_segment, _first_lsn_of(path)), len(data)
+    finally:
+        unmap_segment(data)
+
+
 def start_gap_detail(checkpoint: int, first: int) -> str:
     """Why a log whose first record after the store's checkpoint is LSN
     ``first`` (not ``checkpoint + 1``) cannot be replayed."""
@@ -550,17 +561,11 @@ class ReplayLog:
         synced = False
         for i, path in enumerate(segments):
             last = i == len(segments) - 1
-            data = map_segment(path)
-            size = len(data)
             # Damage that can hide no record the store lacks (the record
             # behind it is at or below the checkpoint, or follows the record
             # before it with no LSN in between, as behind a damaged segment
             # header) loses nothing: the scan steps over it.
-            try:
-                scan = scan_segment(data, after_lsn, None if last else segments[i + 1],
-                                    _first_lsn_of(path))
-            finally:
-                unmap_segment(data)
+            scan, size = scan_segment_file(path, after_lsn, None if last else segments[i + 1])
             records, runs = scan.records, scan.runs
             for skipped, resume, why in scan.stepped_over:
                 self.skipped_damage += 1

@@ -380,22 +380,31 @@ def test_the_over_limit_message_does_not_advise_raising_a_limit_at_its_maximum(t
         assert "at its largest" in str(exc.value)
 
 
+def _one_page_resealed(d, value, tamper) -> None:
+    """A cache at ``d`` holding ``"k": value`` in one page, then ``tamper(conn)``
+    on its store and the page's checksum made to match (hand-made damage)."""
+    from .conftest import reseal_pages
+    with Cache(d, page_size=4) as cache:
+        cache["k"] = value
+    conn = sqlite3.connect(d / STORE)
+    tamper(conn)
+    reseal_pages(conn)
+    conn.commit()
+    conn.close()
+
+
 def test_a_stored_list_with_a_bad_count_is_corrupt_store_error(tmp_path):
     """Hand-made (checksum made to match): a list value whose count is more
     than its bytes can hold is damage found at the page fault, before
     anything is allocated, never a bare ValueError at a later get."""
-    from .conftest import reseal_pages
     d = tmp_path / "c"
-    with Cache(d, page_size=4) as cache:
-        cache["k"] = [1, 2, 3]
-    conn = sqlite3.connect(d / STORE)
-    (data,) = conn.execute("SELECT data FROM pages").fetchone()
-    at = data.index(b"l\x03\x00\x00\x00")
-    data = data[:at] + b"l\xff\xff\xff\x7f" + data[at + 5:]
-    conn.execute("UPDATE pages SET data = ?", (data,))
-    reseal_pages(conn)
-    conn.commit()
-    conn.close()
+
+    def bad_count(conn):
+        (data,) = conn.execute("SELECT data FROM pages").fetchone()
+        at = data.index(b"l\x03\x00\x00\x00")
+        conn.execute("UPDATE pages SET data = ?",
+                     (data[:at] + b"l\xff\xff\xff\x7f" + data[at + 5:],))
+    _one_page_resealed(d, [1, 2, 3], bad_count)
     with Cache(d) as cache:
         with pytest.raises(CorruptStoreError, match="more than the"):
             cache.get("k")
@@ -404,15 +413,9 @@ def test_a_stored_list_with_a_bad_count_is_corrupt_store_error(tmp_path):
 def test_a_200_mb_zero_blob_fails_fast(tmp_path):
     """A page row of 200 MB of zeros (with a checksum made to match) is
     refused from its entry count before the blob is walked."""
-    from .conftest import reseal_pages
     d = tmp_path / "c"
-    with Cache(d, page_size=4) as cache:
-        cache["k"] = 1
-    conn = sqlite3.connect(d / STORE)
-    conn.execute("UPDATE pages SET data = zeroblob(200000000), n_entries = 11111111")
-    reseal_pages(conn)
-    conn.commit()
-    conn.close()
+    _one_page_resealed(d, 1, lambda conn: conn.execute(
+        "UPDATE pages SET data = zeroblob(200000000), n_entries = 11111111"))
     with Cache(d) as cache:
         with pytest.raises(CorruptStoreError, match="11111111 entries"):
             cache.get("k")
