@@ -714,7 +714,7 @@ def test_public_surface_is_pinned():
     assert durablekv.__all__ == [
         "Cache", "CacheStats", "DurableKVError", "CacheLockedError", "CacheClosedError",
         "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
-        "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError",
+        "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError", "LogFileGoneError",
         "LogWriteError", "WriteBehindError", "FlushTimeoutError", "TraceFormatError",
         "MetricsServeError", "__version__"]
 
