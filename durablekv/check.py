@@ -251,6 +251,11 @@ def _check_store(directory: str, r: CheckResult) -> int:
                 continue
             if len(got) != n:
                 r.bad(f"page {pid}: holds {len(got)} entries, its row says {n}")
+            slots = [e[0] for e in got]
+            if slots and max(slots) >= meta["page_size"]:
+                r.bad(f"page {pid}: slot {max(slots)} is past page_size {meta['page_size']}")
+            if len(set(slots)) != len(slots):
+                r.bad(f"page {pid}: lists a slot twice")
             for slot, kb, _vb, exp in got:
                 entries += 1
                 try:

@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from durablekv import Cache, CorruptStoreError, codec
+from durablekv.check import check_directory
 from durablekv.cli import main
-from .conftest import reseal_pages
 from durablekv.store import (ASCII_KEYS, INT_KEYS, NO_TTL, RAW_BYTES, decode_page, encode_page,
-                             migration_files, page_columns, page_layout, page_crc, split_page)
+                             migration_files, page_columns, page_layout, split_page)
+
+from .conftest import reseal_pages
 
 STORE = "pages.sqlite3"
 LATEST = len(migration_files())
@@ -268,6 +270,12 @@ def test_a_page_that_decodes_but_cannot_be_right_is_damage(tmp_path, case, blob,
             cache.get("a")
             cache.get(1)
         assert "cannot be decoded" in str(exc.value) and message in str(exc.value), case
+    if case in ("slot twice", "slot past page_size", "row count"):
+        (d / (STORE + ".damaged")).unlink()   # what check finds in the store itself
+        out = check_directory(str(d)).lines
+        assert any(line.startswith("DAMAGE") and message.replace("row says 3 entries",
+                                                                "its row says 3") in line
+                   for line in out), out
 
 
 def test_value_blobs_that_only_look_like_bytes_round_trip():
