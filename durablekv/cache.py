@@ -1480,6 +1480,47 @@ class Cache(MutableMapping):
             self._sync(lsn)
         return value
 
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        """Return the value of a live ``key``; if there is none, store
+        ``default`` under it (no TTL) and return ``default``.
+
+        Atomic, one step under the cache lock as :meth:`add` is: of many
+        threads calling ``setdefault`` on the same missing key, exactly one
+        stores its default and every caller gets that one stored value (the
+        inherited ``MutableMapping.setdefault`` looked up, then stored, and
+        two callers could each be told their default was stored).
+
+        :raises TypeError, ValueError: as for :meth:`set` (``default`` is
+            checked even when the key is present).
+        :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
+        """
+        kb, vb, held, nbytes = self._encode_entry(key, default)
+        with self._lock:
+            self._open_for_writes()
+            ref = self._ref(key)
+            if ref is not None:
+                page, slot, _ = ref
+                return self._codec.from_memory(page.values[slot])
+            lsn = self._logged_set(key, kb, vb, held, None, None, nbytes)
+        if self.durability == "fsync":
+            self._sync(lsn)
+        return default
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
+        """``dict.update``: store each pair of ``other`` (a mapping, or an
+        iterable of ``(key, value)`` pairs) and of ``kwargs``, in order.
+
+        Each pair is one :meth:`set` (logged and applied atomically); the
+        update as a whole is not one step, so a reader may see some of the
+        pairs before the rest. Nothing is read and then written back, so no
+        concurrent write is lost.
+
+        :raises TypeError, ValueError, LogWriteError, CacheClosedError,
+            CacheFailedError: as for :meth:`set`; pairs before the failing
+            one stay stored.
+        """
+        MutableMapping.update(self, other, **kwargs)
+
     def popitem(self) -> tuple[Any, Any]:
         """Remove and return some ``(key, value)``; KeyError when empty."""
         while True:
@@ -1792,12 +1833,34 @@ class Cache(MutableMapping):
         return None
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterate over a snapshot of the keys taken when iteration starts.
+        """Iterate over the keys live when iteration starts (also ``keys()``).
 
-        Reads and writes during iteration never break it; keys deleted
-        meanwhile may still be yielded (it is a snapshot).
+        Reads and writes during iteration never break it. A key deleted (or
+        expired) during the iteration is not yielded after its deletion, so
+        ``for k in cache: cache[k]`` never raises KeyError for a key the loop
+        itself removed; keys added meanwhile are not yielded. Each key is
+        checked again, without disturbing the LRU, only when a write has come
+        since the snapshot (the LSN moved) or entries carry a TTL. The lock
+        is never held across a ``yield``.
+
+        :raises CacheClosedError: the cache was closed during the iteration.
         """
-        return iter(self._snapshot_keys())
+        with self._lock:
+            lsn = self._last_lsn
+        # the snapshot now (a closed cache raises here), the checks as it is walked
+        return self._live_keys(self._snapshot_keys(), lsn)
+
+    def _live_keys(self, keys: list[Any], lsn: int) -> Iterator[Any]:
+        """:meth:`__iter__`'s walk of snapshot ``keys`` taken at LSN ``lsn``."""
+        for key in keys:
+            with self._lock:
+                self._check_open()
+                if self._last_lsn != lsn or self._ttl_count:
+                    entry = self._scan_lookup(key, self._now())
+                    if entry is None:
+                        continue
+                    key = entry[0]
+            yield key
 
     def keys(self) -> KeysView:
         return KeysView(self)
