@@ -38,6 +38,7 @@ from itertools import count, repeat
 from numbers import Number
 from typing import Any, Callable, Iterator, Sequence
 
+from ._perms import DIR_MODE, FILE_MODE
 from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .keyfilter import KeyFilter
@@ -378,7 +379,9 @@ class Cache(MutableMapping):
             raise ConfigError(f"cache directory {path!r} is a file, not a directory; "
                               "name a directory (it is created if missing)")
         try:
-            os.makedirs(path, exist_ok=True)
+            # private (0700) when created here; an existing directory keeps
+            # the mode its owner gave it (see docs/files.md)
+            os.makedirs(path, mode=DIR_MODE, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
         try:
@@ -2401,7 +2404,7 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
 
 def _acquire_dir_lock(path: str) -> int:
     lock_path = os.path.join(path, LOCK_FILE)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
