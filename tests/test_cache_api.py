@@ -1310,3 +1310,19 @@ def test_setdefault_checks_and_keeps_ttl_semantics(tmp_path):
         with pytest.raises(TypeError):
             c.setdefault(["list"], 1)
         assert "x" not in c
+
+
+def test_the_key_limit_the_readme_states(tmp_path):
+    """README: an encoded key is at most 1 MiB; a str key takes its UTF-8
+    bytes plus 5."""
+    from durablekv.cache import MAX_KEY_BYTES
+    assert MAX_KEY_BYTES == 1 << 20
+    with opened(tmp_path / "c") as c:
+        longest = "k" * (MAX_KEY_BYTES - 5)
+        c[longest] = 1
+        assert c[longest] == 1
+        with pytest.raises(ValueError, match="limit on keys; use a shorter key"):
+            c[longest + "k"] = 2
+        with pytest.raises(ValueError, match="limit on keys"):
+            c.setdefault(longest + "k", 2)
+        assert len(c) == 1
