@@ -1326,3 +1326,30 @@ def test_the_key_limit_the_readme_states(tmp_path):
         with pytest.raises(ValueError, match="limit on keys"):
             c.setdefault(longest + "k", 2)
         assert len(c) == 1
+
+
+def test_pop_and_popitem_under_threads_hand_each_entry_to_one_caller(tmp_path, shape):
+    """The other read-modify-writes a dict offers are one step too: of racing
+    pops of one key exactly one gets the value; racing popitems hand out
+    every entry exactly once."""
+    n = 4
+    with opened(tmp_path / "c", **shape) as c:
+        c.update({k: k * 10 for k in range(200)})
+        start = threading.Barrier(n)
+        popped: list = [[] for _ in range(n)]
+
+        def pop_all(i):
+            start.wait()
+            for k in range(100):
+                got = c.pop(k, None)
+                if got is not None:
+                    popped[i].append((k, got))
+            while True:
+                try:
+                    popped[i].append(c.popitem())
+                except KeyError:
+                    return
+        run_threads(pop_all, n)
+        every = sorted(p for ps in popped for p in ps)
+        assert every == [(k, k * 10) for k in range(200)]
+        assert len(c) == 0
