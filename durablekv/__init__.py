@@ -8,7 +8,8 @@ into a SQLite page store. See README.md and docs/architecture.md.
 from .cache import Cache
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
-                     LogCorruptionError, LogError, LogWriteError, MetricsServeError,
+                     LogCorruptionError, LogError, LogFileGoneError, LogWriteError,
+                     MetricsServeError,
                      SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
 from .stats import CacheStats
 
@@ -28,6 +29,7 @@ __all__ = [
     "HeldKeyError",
     "LogError",
     "LogCorruptionError",
+    "LogFileGoneError",
     "LogWriteError",
     "WriteBehindError",
     "FlushTimeoutError",

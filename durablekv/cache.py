@@ -45,13 +45,16 @@ from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .keyfilter import KeyFilter
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
-                     CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
+                     CorruptStoreError, LogCorruptionError, LogWriteError, StoreError,
+                     WriteBehindError)
 from . import pages as _pages
 from .pages import EMPTY, HAS_TTL, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
-from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments
+from .replaylog import (OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments,
+                        locate_record)
 from .stats import CacheStats, HistogramSnapshot
-from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
-                    encode_columns, encode_page, mark_damaged, page_columns, split_page)
+from .store import (ASCII_KEYS, INT_KEYS, PAGE_SIZE_MAX, RAW_BYTES, STORE_FILE, PageImage,
+                    SQLitePageStore, encode_columns, encode_page, mark_damaged, page_columns,
+                    split_page)
 
 __all__ = ["Cache"]
 
@@ -498,7 +501,12 @@ class Cache(MutableMapping):
             self._batcher.start()
             recovered = len(result.records)
             if recovered:
-                self._replay(result.records)
+                try:
+                    self._replay(result.records)
+                except (ValueError, TypeError, IndexError) as exc:
+                    # a record whose CRC holds but whose key or value does not
+                    # decode (hand-made, or nested past MAX_NESTING)
+                    raise self._undecodable_record(result.records, exc) from exc
             self._sweep_on = True
             # Free the records before the collector runs again: it then
             # walks only what the memory tier keeps.
@@ -561,6 +569,22 @@ class Cache(MutableMapping):
             self._absent = _MISSING
             if len(self._tier.dirty) >= self.flush_batch_pages:
                 self._batcher.kick()
+
+    def _undecodable_record(self, records: list[tuple], exc: Exception) -> LogCorruptionError:
+        """The :class:`LogCorruptionError` for the first of ``records`` whose
+        key or value cannot be decoded (``exc``: what replaying them raised)."""
+        for lsn, op, kb, vb, _exp in records:
+            try:
+                _codec.decode_key(kb)
+                if op == OP_SET:
+                    self._codec.decode(vb)
+            except (ValueError, TypeError, IndexError) as bad:
+                path, offset = locate_record(self.path, lsn)
+                return LogCorruptionError(path, offset, f"record LSN {lsn} has a CRC that "
+                                          f"checks out but cannot be decoded: {bad}")
+        path, offset = locate_record(self.path, records[0][0])
+        return LogCorruptionError(path, offset, f"the records from LSN {records[0][0]} cannot "
+                                  f"be replayed: {exc}")
 
     def _replay_keys(self, records: list[tuple], has_deletes: bool, lsn: int,
                      now: float) -> None:
@@ -857,6 +881,10 @@ class Cache(MutableMapping):
         from_blob = self._codec.memory_form_from_blob
         decode_key = _codec.decode_key
         try:
+            if type(n) is not int or not 0 < n <= self.page_size:
+                # before anything is decoded: a blob of any size costs no more
+                raise ValueError(f"its row says {n!r} entries, not 1 to page_size "
+                                 f"{self.page_size}")
             if data[:2] == b"\xff\xff":
                 slots, expires, flags, keys, values = page_columns(data)
                 if not flags & (ASCII_KEYS | INT_KEYS):
@@ -1308,8 +1336,12 @@ class Cache(MutableMapping):
         return lsn
 
     def _value_too_big(self, key: Any, size: int) -> ValueError:
+        fix = ("store it elsewhere (max_value_bytes is at its largest, "
+               f"MAX_VALUE_BYTES_LIMIT={MAX_VALUE_BYTES_LIMIT}: one entry must fit in a page)"
+               if self.max_value_bytes >= MAX_VALUE_BYTES_LIMIT else
+               f"store it elsewhere or raise max_value_bytes (up to {MAX_VALUE_BYTES_LIMIT})")
         return ValueError(f"value for key {key!r} is {size} bytes, over max_value_bytes="
-                          f"{self.max_value_bytes}; store it elsewhere or raise max_value_bytes")
+                          f"{self.max_value_bytes}; {fix}")
 
     def _encode_entry(self, key: Any, value: Any) -> tuple[bytes, bytes, Any, int]:
         """``(key bytes, value bytes, memory form, encoded size)`` of an entry,
@@ -2510,7 +2542,7 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
             raise ConfigError(f"{name} must be an integer {rng}, got {value!r}")
 
     if page_size is not None:
-        need_int("page_size", page_size, 1, 65535)
+        need_int("page_size", page_size, 1, PAGE_SIZE_MAX)
     need_int("max_pages", max_pages, 1)
     need_int("flush_batch_pages", flush_batch_pages, 1)
     need_int("max_value_bytes", max_value_bytes, 1, MAX_VALUE_BYTES_LIMIT)
@@ -2532,18 +2564,73 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
         raise ConfigError(f"salvage_log must be True or False, got {salvage_log!r}")
 
 
-def _acquire_dir_lock(path: str) -> int:
+def _acquire_dir_lock(path: str) -> tuple[int, int]:
+    """Take the ownership lock of cache directory ``path``: ``(dir_fd, lock_fd)``.
+
+    The lock is an exclusive ``flock`` on the directory itself (an open
+    descriptor of it), which no file deletion can take away: deleting
+    ``LOCK`` under a live owner no longer lets a second process in. ``LOCK``
+    only names the owner's pid (and is flocked too, so that a durablekv from
+    before this lock still sees the directory as taken).
+
+    :raises CacheLockedError: another open file description holds it (a
+        process, or another Cache in this one).
+    """
+    dir_fd = lock_directory(path, exclusive=True)
     lock_path = os.path.join(path, LOCK_FILE)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    except BaseException:
+        _unlock_directory(dir_fd)
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         pid = lock_owner_pid(fd)
         os.close(fd)
+        _unlock_directory(dir_fd)
         raise CacheLockedError(path, pid) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    return dir_fd, fd
+
+
+def lock_directory(path: str, *, exclusive: bool) -> int:
+    """``flock`` the directory ``path`` itself (exclusive: an owner; shared:
+    ``durablekv check``), without waiting; returns the descriptor to keep.
+
+    :raises CacheLockedError: it is held in a conflicting mode; names the
+        pid in ``LOCK`` when there is one.
+    """
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(dir_fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(dir_fd)
+        raise CacheLockedError(path, _lock_file_pid(path)) from None
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    return dir_fd
+
+
+def _unlock_directory(dir_fd: int) -> None:
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
+    finally:
+        os.close(dir_fd)
+
+
+def _lock_file_pid(path: str) -> int | None:
+    """The pid in directory ``path``'s ``LOCK`` file, or None."""
+    try:
+        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return lock_owner_pid(fd)
+    finally:
+        os.close(fd)
 
 
 def lock_owner_pid(fd: int) -> int | None:
@@ -2556,12 +2643,16 @@ def lock_owner_pid(fd: int) -> int | None:
         return None
 
 
-def _release_dir_lock(fd: int) -> None:
+def _release_dir_lock(fds: tuple[int, int]) -> None:
+    dir_fd, fd = fds
     try:
-        os.ftruncate(fd, 0)
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        try:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        _unlock_directory(dir_fd)
 
 
 def _move_aside(path: str) -> str:

@@ -589,12 +589,18 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
     with Cache(directory, salvage_log=True, serializer=serializer,
                on_corruption=args.on_corruption) as cache:
         st = cache.stats()
+        rebuilt = cache.store_rebuilds
     moved = sorted(aside() - before)
     print(f"ok      replay log: {st.recovered_records} records after the store's checkpoint "
           "applied and stored")
     if st.torn_records:
         print(f"note    replay log: cut a torn tail ({st.torn_records} record"
               f"{'s' if st.torn_records != 1 else ''}) off the last segment, as every open does")
+    if not st.salvaged_bytes and rebuilt:
+        print("result  REBUILT: the damaged store was moved aside (pages.sqlite3.corrupt-*, "
+              "kept for inspection) and a new one made from the replay log; what only the "
+              "damaged store held is not in the new one")
+        return 0
     if not st.salvaged_bytes:
         print("result  NOTHING TO SALVAGE: the log had no damage that stops an open")
         return 0

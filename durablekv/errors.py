@@ -16,6 +16,7 @@ and a closed cache alike)::
      │    └── HeldKeyError       a page waits for a failing page (flush cause)
      ├── LogError                problems with the replay log
      │    ├── LogCorruptionError a damaged record before the log's tail
+     │    ├── LogFileGoneError   the active segment was deleted while open
      │    └── LogWriteError      (OSError) an append or fsync failed
      ├── WriteBehindError        a background flush to SQLite failed
      │    └── FlushTimeoutError  (TimeoutError) flush(timeout=...) ran out
@@ -44,6 +45,7 @@ __all__ = [
     "HeldKeyError",
     "LogError",
     "LogCorruptionError",
+    "LogFileGoneError",
     "LogWriteError",
     "WriteBehindError",
     "FlushTimeoutError",
@@ -167,6 +169,18 @@ class LogError(DurableKVError):
     """A problem with the replay log."""
 
 
+class LogFileGoneError(LogError):
+    """The active replay log segment was deleted or replaced while the cache
+    was open (found at the next fsync of the log or segment roll).
+
+    :ivar path: the segment.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(message)
+
+
 class LogCorruptionError(LogError):
     """A damaged record was found before the tail of the replay log.
 
@@ -194,14 +208,21 @@ class LogCorruptionError(LogError):
 class LogWriteError(LogError, OSError):
     """Appending to or fsyncing the replay log failed; the write was not acknowledged."""
 
-    def __init__(self, path: str, cause: OSError) -> None:
+    def __init__(self, path: str, cause: OSError, *, during_write: bool = True) -> None:
         self.path = path
         self.cause = cause
+        if during_write:
+            what = (f"could not append to replay log {path!r}: {cause.strerror or cause}; "
+                    "the write was NOT stored")
+        else:  # opening: no write was attempted
+            what = (f"could not create replay log segment {path!r} while opening the cache: "
+                    f"{cause.strerror or cause}; no write was attempted, and the cache did "
+                    "not open")
         OSError.__init__(
             self,
             cause.errno,
-            f"could not append to replay log {path!r}: {cause.strerror or cause}; "
-            "the write was NOT stored. Free disk space or fix the file system, then retry",
+            f"{what}. Free disk space or fix the file system (permissions, a read-only "
+            "or immutable directory), then retry",
         )
 
     def __str__(self) -> str:
