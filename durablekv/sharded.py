@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 import time
 from itertools import chain
 from zlib import crc32
@@ -121,7 +123,9 @@ class ShardedCache(MutableMapping):
     atomicity and durability.
 
     :param directory: the parent directory (created 0700 if missing); shard
-        ``i`` lives in ``directory/shard-NN``.
+        ``i`` lives in ``directory/shard-NN``. None: a new temporary
+        directory, removed with everything in it by :meth:`close` (as
+        ``Cache()`` and diskcache's ``FanoutCache()``).
     :param shards: number of shards, an int in [1, 256]; fixed when the
         directory is created. None adopts the stored count (8 for a new
         directory); an explicit different count raises :class:`ConfigError`.
@@ -136,18 +140,21 @@ class ShardedCache(MutableMapping):
     :raises ConfigError: ``SHARDS`` is damaged or missing beside shard directories.
     """
 
-    def __init__(self, directory: str | os.PathLike, shards: int | None = None, *,
-                 name: str | None = None, **options: Any) -> None:
+    def __init__(self, directory: str | os.PathLike | None = None, shards: int | None = None,
+                 *, name: str | None = None, **options: Any) -> None:
         self._shards: list[Cache] = []
+        self._temporary = directory is None
+        if shards is not None and (type(shards) is not int or not 1 <= shards <= MAX_SHARDS):
+            raise ConfigError(f"shards must be an int in [1, {MAX_SHARDS}], not {shards!r}")
+        if directory is None:
+            directory = tempfile.mkdtemp(prefix="durablekv-")  # 0700, removed by close()
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
             raise TypeError(f"the cache directory must be a non-empty path (str or "
                             f"os.PathLike), not {directory!r}; e.g. "
                             "ShardedCache('var/cache', shards=8)")
-        if shards is not None and (type(shards) is not int or not 1 <= shards <= MAX_SHARDS):
-            raise ConfigError(f"shards must be an int in [1, {MAX_SHARDS}], not {shards!r}")
         if "name" in options or "directory" in options:
             raise ConfigError("pass name= once, to ShardedCache")
-        path = os.path.abspath(os.fspath(directory))
+        path = self.path = os.path.abspath(os.fspath(directory))
         if os.path.exists(path) and not os.path.isdir(path):
             raise ConfigError(f"cache directory {path!r} is a file, not a directory; name a "
                               "directory (it is created if missing)")
@@ -167,7 +174,6 @@ class ShardedCache(MutableMapping):
             raise ConfigError(f"{path!r} was created with shards={stored}, not {shards}: keys "
                               f"are routed by shard count, so it cannot change; open it with "
                               f"shards={stored} (or None), or use a new directory")
-        self.path = path
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
         self.shard_count = stored
         try:
@@ -325,6 +331,8 @@ class ShardedCache(MutableMapping):
                 shard.close()
             except BaseException as exc:  # noqa: BLE001 - re-raised once all are closed
                 first = first or exc
+        if self._temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
         if first is not None and raise_first:
             raise first
 
@@ -341,6 +349,10 @@ class ShardedCache(MutableMapping):
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError("a ShardedCache cannot be pickled or copied: it owns its directory; "
                         "share the object between threads instead")
+
+    def volume(self) -> int:
+        """Bytes all shards take on disk now (see :meth:`Cache.volume`)."""
+        return sum(shard.volume() for shard in self._shards)
 
     # -- stats ---------------------------------------------------------------------------
 

@@ -259,3 +259,57 @@ def test_every_acknowledged_write_survives_kill_9(tmp_path):
         with ShardedCache(d) as c:
             lost = [i for i in acked if c.get(f"k{i}") != i]
             assert lost == [], f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
+
+
+def test_no_directory_is_a_temporary_cache_removed_at_close():
+    c = ShardedCache(shards=2)
+    path = c.path
+    c["a"] = b"x" * 1000
+    assert os.path.isdir(path) and c.volume() > 1000
+    assert c.volume() == sum(s.volume() for s in c.shards)
+    c.close()
+    assert not os.path.exists(path)
+
+
+# -- metrics -----------------------------------------------------------------------
+
+
+def test_metrics_carry_a_shard_label_and_sum_to_the_stats(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from durablekv.metrics import register, unregister
+
+    registry = CollectorRegistry()
+    with ShardedCache(tmp_path / "s", shards=3) as s, Cache(tmp_path / "plain") as plain:
+        for i in range(60):
+            s[i] = i
+            s.get(i)
+        plain["x"] = 1
+        register(registry, s)
+        register(registry, plain)
+        families = {f.name: f for f in
+                    text_string_to_metric_families(generate_latest(registry).decode())}
+        hits = [x for x in families["durablekv_hits"].samples if x.name.endswith("_total")]
+        by_shard = {x.labels["shard"]: x.value for x in hits
+                    if x.labels["cache"] == "s" and x.labels["tier"] == "memory"}
+        assert sorted(by_shard) == ["0", "1", "2"]
+        assert sum(by_shard.values()) == s.stats().memory_hits == 60
+        assert [x.value for x in hits if x.labels["cache"] == "plain"] == [0, 0]
+        assert all(x.labels["shard"] == "" for x in hits if x.labels["cache"] == "plain")
+        unregister(registry, s)
+        text = generate_latest(registry).decode()
+        assert 'cache="s"' not in text and 'cache="plain"' in text
+        assert "shard=" not in text  # with no shard left, the label goes too
+
+
+def test_thread_scaling_bench_runs(tmp_path, capsys):
+    from bench import sharded as bench
+
+    out = tmp_path / "r.json"
+    assert bench.main(["--quick", "--threads", "1,2", "--shards", "2", "--out", str(out)]) == 0
+    rows = __import__("json").loads(out.read_text())["rows"]
+    assert [(r["durability"], r["threads"]) for r in rows] == [
+        ("log", 1), ("log", 2), ("fsync", 1), ("fsync", 2)]
+    assert all(r["ratio"] > 0 for r in rows)
+    assert "| log | 2 |" in capsys.readouterr().out
