@@ -10,6 +10,8 @@ from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, Confi
                      CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
                      LogCorruptionError, LogError, LogWriteError, MetricsServeError,
                      SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
+from .errors import (RemoteAuthError, RemoteError, RemoteTypeError, RemoteValueError,
+                     ServerUnavailableError)
 from .stats import CacheStats
 
 __version__ = "0.1.0"
@@ -33,5 +35,10 @@ __all__ = [
     "FlushTimeoutError",
     "TraceFormatError",
     "MetricsServeError",
+    "RemoteError",
+    "RemoteAuthError",
+    "RemoteValueError",
+    "RemoteTypeError",
+    "ServerUnavailableError",
     "__version__",
 ]

@@ -716,7 +716,8 @@ def test_public_surface_is_pinned():
         "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
         "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError",
         "LogWriteError", "WriteBehindError", "FlushTimeoutError", "TraceFormatError",
-        "MetricsServeError", "__version__"]
+        "MetricsServeError", "RemoteError", "RemoteAuthError", "RemoteValueError",
+        "RemoteTypeError", "ServerUnavailableError", "__version__"]
 
 
 def test_every_error_class_a_docstring_names_is_importable_from_durablekv():
