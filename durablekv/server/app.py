@@ -87,7 +87,8 @@ class BatchOp(BaseModel):
     """One operation of a batch."""
     model_config = ConfigDict(extra="forbid", strict=True)
     op: Literal["get", "set", "delete"]
-    key: str = Field(min_length=1, max_length=DEFAULT_MAX_KEY_CHARS)
+    key: str = Field(min_length=1, description="a key over the server's limit gets "
+                     "status 414 in its result")
     value: Any = Field(None, description="set: the JSON value to store")
     base64: str | None = Field(None, description="set: bytes to store, base64 "
                                "(instead of value)")
@@ -478,7 +479,6 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
             raise ApiError(422, "invalid batch", _validation_detail(exc.errors())) from None
         results = []
         for op in req.ops:
-            check_key(op.key)
             results.append(await batch_op(op))
         return Response(json.dumps({"results": results}, ensure_ascii=False,
                                    separators=(",", ":")).encode("utf-8", "surrogatepass"),
@@ -486,6 +486,7 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
 
     async def batch_op(op: BatchOp) -> dict[str, Any]:
         try:
+            check_key(op.key)
             if op.op == "get":
                 value = await call(backend.get(op.key, _MISSING))
                 if value is _MISSING:
