@@ -18,11 +18,11 @@ Which thread runs what:
   threads (a :class:`concurrent.futures.ThreadPoolExecutor`), never on the
   loop's thread.
 
-Cancellation: a call that was handed to a worker thread cannot be stopped
-half-way, so a cancelled ``await`` waits for it to finish before
-``CancelledError`` propagates. When the cancellation reaches the caller a
-write has been applied in full (with the durability of the cache's mode) or,
-if it was cancelled before a worker took it, not at all; never half.
+Cancellation: a call handed to a worker thread cannot be stopped half-way,
+so a cancelled ``await`` lets it run (even one still queued for a worker)
+and waits for it to finish before ``CancelledError`` propagates. When the
+cancellation reaches the caller the write has been applied in full, with the
+durability of the cache's mode; never half, never lost.
 """
 
 from __future__ import annotations
@@ -117,22 +117,19 @@ class AsyncCache:
         it has finished (it cannot be stopped half-way), then re-raise."""
         fut = asyncio.get_running_loop().run_in_executor(
             self._executor, functools.partial(fn, *args))
-        cancelled = False
+        cancelled: asyncio.CancelledError | None = None
         while True:
             try:
                 result = await asyncio.shield(fut)
                 break
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
+                cancelled = exc
                 if fut.done():
-                    if fut.cancelled():
-                        raise
-                    cancelled = True
                     break
-                cancelled = True
-        if cancelled:
+        if cancelled is not None:
             if not fut.cancelled():
-                fut.exception()  # consumed: the caller sees the cancellation
-            raise asyncio.CancelledError()
+                fut.exception()  # retrieved: the caller sees the cancellation instead
+            raise cancelled
         return result
 
     # -- lifecycle -----------------------------------------------------------
