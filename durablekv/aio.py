@@ -12,11 +12,16 @@ Which thread runs what:
 - A memory hit (the key's page is resident and the entry has no TTL)
   returns on the event loop's thread, with no thread hand-off: the same
   lock-free page-table lookup that :meth:`Cache.get` does first.
-- Everything that may wait on disk or on the cache lock (a page fault, an
-  expiry check, every write, which may meet back-pressure or an fsync,
-  ``flush``, open and close, iteration) runs on the AsyncCache's worker
-  threads (a :class:`concurrent.futures.ThreadPoolExecutor`), never on the
-  loop's thread.
+- A ``get`` or ``set`` that cannot wait also runs on the loop's thread:
+  the cache lock is free (tried without blocking), the answer needs no
+  SQLite read (the key's page is in memory, or the key filter says the
+  store does not hold it), and for ``set`` the durability is ``log`` or
+  ``none`` (the record goes to the OS, no fsync), there is no back-pressure
+  and no log segment to roll.
+- Everything else, all that may wait on disk or on the lock (page faults,
+  fsync mode, back-pressure, ``flush``, open and close, iteration), runs on
+  the AsyncCache's worker threads (a
+  :class:`concurrent.futures.ThreadPoolExecutor`), never on the loop's thread.
 
 Cancellation: a call handed to a worker thread cannot be stopped half-way,
 so a cancelled ``await`` lets it run (even one still queued for a worker)
@@ -33,7 +38,7 @@ import functools
 import sysconfig
 from typing import Any, AsyncIterator, Callable
 
-from .cache import Cache
+from .cache import NOWAIT_UNSURE, Cache
 from .pages import HAS_TTL, RESIDENT
 from . import codec as _codec
 
@@ -167,6 +172,9 @@ class AsyncCache:
         v = memory_hit(cache, key)
         if v is not _MISSING:
             return v
+        v = cache._get_nowait(key, default)
+        if v is not NOWAIT_UNSURE:
+            return v
         return await self._run(cache.get, key, default)
 
     async def contains(self, key: Any) -> bool:
@@ -199,8 +207,11 @@ class AsyncCache:
     # -- writes ----------------------------------------------------------------
 
     async def set(self, key: Any, value: Any, expire: float | None = None) -> None:
-        """:meth:`Cache.set` on a worker thread; returns with its durability."""
-        await self._run(self.cache.set, key, value, expire)
+        """:meth:`Cache.set`; returns with its durability (on the loop's
+        thread when it cannot wait, see the module docstring)."""
+        cache = self.cache
+        if not cache._set_nowait(key, value, expire):
+            await self._run(cache.set, key, value, expire)
 
     async def add(self, key: Any, value: Any, expire: float | None = None) -> bool:
         """:meth:`Cache.add`: store only if absent; True if stored."""

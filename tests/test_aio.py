@@ -11,6 +11,7 @@ import pytest
 from durablekv import Cache
 from durablekv.aio import AsyncCache
 from durablekv.replaylog import ReplayLog
+from durablekv.store import SQLitePageStore
 
 
 def run(coro):
@@ -57,30 +58,39 @@ def test_memory_hit_stays_on_the_loop_thread_and_the_rest_does_not(tmp_path):
     async def main():
         async with AsyncCache(tmp_path / "c", page_size=2, max_pages=2) as c:
             counting = CountingExecutor(c)
-            await c.set("hot", b"v")
-            assert counting.calls == 1
+            await c.set("hot", b"v")   # log mode, lock free, a new key: no hand-off
             for _ in range(100):
                 assert await c.get("hot") == b"v"
                 assert await c.contains("hot")
-            assert counting.calls == 1, "a memory hit left the loop's thread"
+            assert counting.calls == 0, "a memory hit left the loop's thread"
             assert c.cache.stats().memory_hits >= 100
-            await c.get("missing")           # a miss may look in SQLite: a worker
-            assert counting.calls == 2
-            await c.set("ttl", 1, expire=60)  # an entry with a TTL is checked under the lock
-            await c.get("ttl")
-            assert counting.calls == 4
             for i in range(40):               # evict "hot"'s page: reading it is a page fault
                 await c.set(f"k{i}", i)
             await c.flush()
             before = counting.calls
-            assert await c.get("k0") == 0
+            assert await c.get("hot") == b"v"
             assert counting.calls == before + 1
+            assert c.cache.stats().page_faults >= 1
+            c.cache._lock.acquire()           # the lock taken: a worker waits for it, not the loop
+            try:
+                task = asyncio.ensure_future(c.set("k0", "new"))
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                assert not task.done() and counting.calls == before + 2
+            finally:
+                c.cache._lock.release()
+            await task
+            assert await c.get("k0") == "new"
+        async with AsyncCache(tmp_path / "f", durability="fsync") as c:
+            counting = CountingExecutor(c)
+            await c.set("k", 1)               # an fsync: always a worker
+            assert counting.calls == 1
     run(main())
 
 
 def test_disk_work_never_runs_on_the_loop_thread(tmp_path, monkeypatch):
     """fsync mode, a write-heavy load beside a ticking task: every fsync
-    and every locked cache call runs on a worker thread, and the loop keeps
+    and every SQLite read (page faults) runs on a worker thread, and the loop keeps
     ticking (its longest gap stays far below the time the fsyncs took)."""
     threads: set[int] = set()
     fsync_seconds = [0.0]
@@ -92,12 +102,13 @@ def test_disk_work_never_runs_on_the_loop_thread(tmp_path, monkeypatch):
         real_fsync(self, fd)
         fsync_seconds[0] += time.perf_counter() - t0
     monkeypatch.setattr(ReplayLog, "_fsync", fsync)
-    real_locked = Cache._get_locked
+    for name in ("find", "read_page"):   # every SQLite read of a page or the key index
+        real = getattr(SQLitePageStore, name)
 
-    def get_locked(self, key, default):
-        threads.add(threading.get_ident())
-        return real_locked(self, key, default)
-    monkeypatch.setattr(Cache, "_get_locked", get_locked)
+        def reader(self, *a, _real=real, **kw):
+            threads.add(threading.get_ident())
+            return _real(self, *a, **kw)
+        monkeypatch.setattr(SQLitePageStore, name, reader)
 
     async def main():
         loop_thread = threading.get_ident()
