@@ -132,14 +132,15 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(requests: int, seconds: float, repeat: int, redis: bool,
-        connections: Sequence[int] = CONNECTIONS, ops: Sequence[str] = OPS) -> dict[str, Any]:
+        connections: Sequence[int] = CONNECTIONS, ops: Sequence[str] = OPS,
+        serve_args: Sequence[str] = ()) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="durablekv-bench-server-")
     servers: dict[str, tuple[str, int]] = {}
     procs: list[Any] = []
     skipped = []
     try:
         dk = _Proc([sys.executable, "-m", "durablekv", "serve", os.path.join(tmp, "cache"),
-                    "--port", "0"])
+                    "--port", "0", *serve_args])
         procs.append(dk)
         servers["durablekv"] = ("http", dk.port)
         dd = _Proc([sys.executable, "-m", "bench.server", "--serve-dict"])
@@ -182,6 +183,44 @@ def run(requests: int, seconds: float, repeat: int, redis: bool,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+MARK_BEGIN, MARK_END = "<!-- bench:server -->", "<!-- /bench:server -->"
+
+
+def table(res: dict[str, Any]) -> str:
+    """The results as a markdown table (median req/s [min-max], p50/p99 us)."""
+    names = res["servers"]
+    head = "| case | " + " | ".join(f"{n} req/s (p50 / p99 us)" for n in names) + \
+        " | durablekv / dict |"
+    lines = [head, "|" + "---|" * (len(names) + 2)]
+    for case, cell in res["cells"].items():
+        op, conns = case.split("@")
+        row = [f"{op.replace('_', ' ')}, {conns} conn"]
+        for n in names:
+            c = cell[n]
+            r = c["req_s"]
+            row.append(f"{r['median']:,.0f} [{r['min']:,.0f}-{r['max']:,.0f}] "
+                       f"({c['p50_us']['median']:,.0f} / {c['p99_us']['median']:,.0f})")
+        row.append(f"{cell['ratio_vs_dict']:.2f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    m, st = res["machine"], res["settings"]
+    lines.append("")
+    lines.append(f"`{res['command'].strip()}` at {res['started_at']}: {m.get('cpu_model')} "
+                 f"x{m.get('nproc')}, Python {m.get('python')}; {st['requests']} requests per "
+                 f"run (or {st['seconds']} s), {st['repeat']} runs per cell, median [min-max]; "
+                 f"{st['value_bytes']}-byte values over {st['keys']} keys; durablekv with "
+                 f"durability={st['durability']}.")
+    return "\n".join(lines)
+
+
+def write_doc(res: dict[str, Any], path: str) -> None:
+    """Replace the table between the bench markers in ``path``."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    a, b = text.index(MARK_BEGIN) + len(MARK_BEGIN), text.index(MARK_END)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text[:a] + "\n" + table(res) + "\n" + text[b:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench server", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 repetition, 500 requests per run")
@@ -194,10 +233,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--connections", default=",".join(map(str, CONNECTIONS)),
                    help="connection counts (default %(default)s)")
     p.add_argument("--out", default="bench-server.json", help="results JSON (default %(default)s)")
+    p.add_argument("--serve-args", default="", help="extra options for durablekv serve "
+                   "(e.g. '--flush-interval 0.5')")
+    p.add_argument("--doc", help="also rewrite the table in this page (docs/server.md)")
+    p.add_argument("--from-json", metavar="RESULTS", help="run nothing: rewrite --doc from "
+                   "an earlier results JSON")
     p.add_argument("--serve-dict", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve_dict:
         return serve_dict()
+    if a.from_json:
+        with open(a.from_json, encoding="utf-8") as f:
+            res = json.load(f)
+        print(table(res))
+        if a.doc:
+            write_doc(res, a.doc)
+        return 0
     requests = a.requests or (500 if a.quick else 20_000)
     repeat = a.repeat or (1 if a.quick else 3)
     started = time.time()
@@ -215,7 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown --ops {sorted(unknown)}; choose from {', '.join(OPS)}")
     conns = tuple(int(c) for c in a.connections.split(",") if c)
     res["settings"]["connections"] = list(conns)
-    res.update(run(requests, a.seconds, repeat, not a.no_redis, conns, ops))
+    res["settings"]["serve_args"] = a.serve_args
+    res.update(run(requests, a.seconds, repeat, not a.no_redis, conns, ops,
+                   a.serve_args.split()))
     res["duration_seconds"] = time.time() - started
     ratios = {k: c["ratio_vs_dict"] for k, c in res["cells"].items()}
     res["goal"] = {"target": "durablekv server >= 0.8x the dict-backed app's req/s",
@@ -225,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(res, f, indent=1)
         f.write("\n")
     note(f"wrote {a.out}")
+    print(table(res))
+    if a.doc:
+        write_doc(res, a.doc)
     return 0
 
 

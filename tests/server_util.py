@@ -22,9 +22,14 @@ from typing import Iterator
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-pytest.importorskip("httpx")
+#: ``.ci/run`` sets this: there a missing server extra fails the server
+#: tests instead of skipping them.
+if os.environ.get("DURABLEKV_REQUIRE_SERVER") == "1":
+    import fastapi, httpx, uvicorn  # noqa: E401,F401 - ImportError fails the run
+else:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
 
 REPO = Path(__file__).resolve().parents[1]
 START_LINE = re.compile(r"^durablekv serving (.+) on (http://\S+)$")

@@ -188,3 +188,32 @@ def test_wrap_leaves_the_cache_open(tmp_path):
             await ac.close()
         run(main())
         assert not cache.closed and cache["a"] == 1
+
+
+def test_nowait_calls_refuse_whatever_could_wait(tmp_path):
+    """Cache._set_nowait / _get_nowait (what AsyncCache runs on the loop)
+    do nothing, and say so, whenever the call could wait."""
+    from durablekv.cache import NOWAIT_UNSURE
+    with Cache(tmp_path / "f", durability="fsync") as c:
+        assert c._set_nowait("k", 1) is False and "k" not in c       # an fsync
+    with Cache(tmp_path / "c", page_size=2, max_pages=2, segment_bytes=1024) as c:
+        assert c._set_nowait("a", 1) is True and c["a"] == 1
+        c._lock.acquire()
+        try:                                                          # the lock taken
+            assert c._set_nowait("a", 2) is False
+            assert c._get_nowait("a", None) is NOWAIT_UNSURE
+        finally:
+            c._lock.release()
+        for i in range(20):
+            c[f"k{i}"] = "x" * 100
+        c.flush()
+        assert "a" not in c._tier.table                               # evicted: needs SQLite
+        assert c._get_nowait("a", None) is NOWAIT_UNSURE
+        assert c._set_nowait("a", 3) is False
+        assert c["a"] == 1
+        while c._log._size < c._log.segment_bytes:                    # a roll fsyncs
+            c["k19"] = "y" * 100
+        assert c._set_nowait("k19", "z") is False and c["k19"] == "y" * 100
+        assert c._set_nowait("k19", 0, expire=0) is False             # expire=0 deletes
+        with pytest.raises(ValueError):
+            c._set_nowait("k19", 1, expire=-1)

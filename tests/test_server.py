@@ -382,3 +382,23 @@ def test_token_from_environment_directory_0700_access_log_and_body_timeout(tmp_p
 def test_access_log_is_off_by_default(server, http):
     http.get("/v1/keys/quiet")
     assert '"method"' not in server.stderr()
+
+
+def test_readme_curl_lines(http):
+    """README: `curl -X PUT .../v1/keys/greeting -d hello` then `curl .../greeting`
+    prints hello (curl's -d sends a form content type: stored as bytes)."""
+    r = http.put("/v1/keys/greeting", content=b"hello",
+                 headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 204
+    assert http.get("/v1/keys/greeting").content == b"hello"
+
+
+def test_refuses_a_pickle_cache(tmp_path):
+    """No pickle over the wire, ever: a directory made with serializer='pickle'
+    is refused at start (exit 2), not served."""
+    from durablekv import Cache
+    with Cache(tmp_path / "p", serializer="pickle") as c:
+        c["k"] = {1, 2}  # a set: only pickle stores it
+    r = _serve(str(tmp_path / "p"), "--port", "0")
+    assert r.returncode == 2
+    assert "serializer='pickle'" in r.stderr and "never unpickles" in r.stderr

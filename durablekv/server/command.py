@@ -145,6 +145,12 @@ def run(args: argparse.Namespace) -> int:
                           "pip install 'durablekv[server]'") from exc
     from ..cache import Cache
 
+    from ..cli import _stored_serializer
+    if os.path.isdir(args.dir) and _stored_serializer(args.dir) == "pickle":
+        raise ConfigError(f"{args.dir!r} holds a cache written with serializer='pickle'; the "
+                          "server never unpickles (a value from the wire could run code), so "
+                          "it serves only caches made with the safe serializer. Serve a new "
+                          "directory, or copy the entries over with the Python library")
     sock = _bind(args.host, args.port)
     _private_dir(args.dir)
     cache = Cache(args.dir, page_size=args.page_size, max_pages=args.max_pages,
