@@ -51,7 +51,9 @@ MAX_BATCH_OPS = 1000
 _MISSING: Any = object()
 _OCTET = "application/octet-stream"
 _JSON = "application/json"
-access_log = logging.getLogger("durablekv.server.access")
+_access_logger = logging.getLogger("durablekv.server.access")
+#: ``asyncio.timeout`` (3.11+) bounds a body read without a task of its own.
+_timeout = getattr(asyncio, "timeout", None)
 
 
 class ApiError(Exception):
@@ -248,7 +250,7 @@ class Gate:
         children[1].observe(seconds)
         if self.log_access:
             client = scope.get("client")
-            access_log.info(json.dumps({
+            _access_logger.info(json.dumps({
                 "ts": round(time.time(), 6), "method": method, "route": template,
                 "path": scope["path"], "status": status,
                 "duration_ms": round(seconds * 1000, 3),
@@ -346,7 +348,11 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
                                    "while it arrived; store it elsewhere")
                 chunks.append(chunk)
         try:
-            await asyncio.wait_for(take(), request_timeout)
+            if _timeout is not None:
+                async with _timeout(request_timeout):
+                    await take()
+            else:
+                await asyncio.wait_for(take(), request_timeout)
         except asyncio.TimeoutError:
             raise ApiError(408, "request timeout", f"the body did not arrive within "
                            f"{request_timeout} s; send it faster or in smaller pieces") from None
