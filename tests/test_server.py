@@ -402,3 +402,15 @@ def test_refuses_a_pickle_cache(tmp_path):
     r = _serve(str(tmp_path / "p"), "--port", "0")
     assert r.returncode == 2
     assert "serializer='pickle'" in r.stderr and "never unpickles" in r.stderr
+
+
+def test_loopback_and_token_rules():
+    from durablekv.errors import ConfigError
+    from durablekv.server.command import TOKEN_ENV, is_loopback, read_token
+    assert all(map(is_loopback, ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost")))
+    assert not any(map(is_loopback, ("0.0.0.0", "::", "10.0.0.1", "example.com", "")))
+    assert read_token(None, {}) is None
+    assert read_token(None, {TOKEN_ENV: "  t0k\n"}) == "t0k"
+    for bad in ("", "  ", "two words", "ctl\x01"):
+        with pytest.raises(ConfigError):
+            read_token(None, {TOKEN_ENV: bad})

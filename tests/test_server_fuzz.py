@@ -39,15 +39,19 @@ def server(tmp_path_factory):
         yield srv
 
 
-def test_schemathesis_finds_no_5xx_and_no_schema_violation(server, tmp_path):
+@pytest.mark.parametrize("examples, seed", [
+    (25, 19),
+    pytest.param(300, None, marks=pytest.mark.stress),  # a longer run, a fresh seed each time
+])
+def test_schemathesis_finds_no_5xx_and_no_schema_violation(server, tmp_path, examples, seed):
     cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "run",
-           server.url + "/openapi.json", "--checks", "all", "--max-examples", "25",
-           "--seed", "19", "--workers", "1", "--no-shrink",
+           server.url + "/openapi.json", "--checks", "all", "--max-examples", str(examples),
+           *(("--seed", str(seed)) if seed is not None else ()), "--workers", "1", "--no-shrink",
            "--phases", "examples,coverage,fuzzing,stateful",
            "-H", f"Authorization: Bearer {TOKEN}", "--request-timeout", "20",
            "--report", "junit", "--report-dir", str(tmp_path)]
     # cwd: schemathesis keeps a cache of what it found in ./.schemathesis
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=str(tmp_path))
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert "Stateful" in out and "API Links" in out, out[-3000:]
