@@ -11,6 +11,8 @@ from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, Confi
                      LogCorruptionError, LogError, LogFileGoneError, LogWriteError,
                      MetricsServeError,
                      SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
+from .errors import (RemoteAuthError, RemoteError, RemoteTypeError, RemoteValueError,
+                     ServerUnavailableError)
 from .stats import CacheStats
 
 __version__ = "0.1.0"
@@ -35,5 +37,10 @@ __all__ = [
     "FlushTimeoutError",
     "TraceFormatError",
     "MetricsServeError",
+    "RemoteError",
+    "RemoteAuthError",
+    "RemoteValueError",
+    "RemoteTypeError",
+    "ServerUnavailableError",
     "__version__",
 ]

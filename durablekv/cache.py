@@ -61,6 +61,8 @@ __all__ = ["Cache"]
 log = logging.getLogger("durablekv")
 
 _MISSING: Any = object()
+#: What :meth:`Cache._get_nowait` returns when only a waiting call can answer.
+NOWAIT_UNSURE: Any = object()
 
 
 _STR, _BYTES = {str}, {bytes}
@@ -1153,40 +1155,44 @@ class Cache(MutableMapping):
     def _get_locked(self, key: Any, default: Any) -> Any:
         """:meth:`get` under the lock: expiry, page faults, misses."""
         with self._lock:
-            if self._state is not _OPEN:
-                self._check_open()
-            try:
-                ref = self._table.get(key)
-            except TypeError:
-                _codec.check_key(key)  # the same TypeError as set() gives
-                raise
-            if ref is not None:
-                page, slot, _ = ref
-                exp = page.expires[slot]
-                if exp is not None and self._now() >= exp:
-                    self._expire(key)
-                    self._misses += 1
-                    return default
-                if page.state == RESIDENT:
-                    page.stamp = next(self._ticks)
-                    self._tier.locked_ticks += 1
-                    self._memory_hits += 1
-                else:
-                    self._tier.fault_pending(page)
-                    self._store_hits += 1
-                v = page.values[slot]
-                return v if type(v) is not _Frozen else self._codec.decode(v.blob)
-            # Not in the page table: _ref's steps without its second lookup.
-            ref = self._locate(key)
-            if ref is not None:
-                page, slot, _ = ref
-                exp = page.expires[slot]
-                if exp is None or self._now() < exp:
-                    self._store_hits += 1
-                    return self._codec.from_memory(page.values[slot])
+            return self._get_held(key, default)
+
+    def _get_held(self, key: Any, default: Any) -> Any:
+        """:meth:`_get_locked`'s work, the lock held."""
+        if self._state is not _OPEN:
+            self._check_open()
+        try:
+            ref = self._table.get(key)
+        except TypeError:
+            _codec.check_key(key)  # the same TypeError as set() gives
+            raise
+        if ref is not None:
+            page, slot, _ = ref
+            exp = page.expires[slot]
+            if exp is not None and self._now() >= exp:
                 self._expire(key)
-            self._misses += 1
-            return default
+                self._misses += 1
+                return default
+            if page.state == RESIDENT:
+                page.stamp = next(self._ticks)
+                self._tier.locked_ticks += 1
+                self._memory_hits += 1
+            else:
+                self._tier.fault_pending(page)
+                self._store_hits += 1
+            v = page.values[slot]
+            return v if type(v) is not _Frozen else self._codec.decode(v.blob)
+        # Not in the page table: _ref's steps without its second lookup.
+        ref = self._locate(key)
+        if ref is not None:
+            page, slot, _ = ref
+            exp = page.expires[slot]
+            if exp is None or self._now() < exp:
+                self._store_hits += 1
+                return self._codec.from_memory(page.values[slot])
+            self._expire(key)
+        self._misses += 1
+        return default
 
     def __getitem__(self, key: Any) -> Any:
         value = self.get(key, _MISSING)
@@ -1334,6 +1340,61 @@ class Cache(MutableMapping):
         self._apply_set(key, held, expire_at, ref, lsn, nbytes)
         self._sets += 1
         return lsn
+
+    # -- calls that never wait (durablekv.aio runs them on an event loop's thread) --
+
+    def _in_memory(self, key: Any) -> bool:
+        """Whether ``key``'s entry, or its absence, is known without reading
+        SQLite (lock held): its page is in memory, or the store cannot hold
+        it (the look-aside miss, a pending clear, the key filter)."""
+        try:
+            if self._tier.table.get(key) is not None:
+                return True
+            if self._absent is key or self._clear_pending:
+                return True
+            return self._filter.ready and _codec.canonical_key(key) not in self._filter
+        except TypeError:
+            return False  # the waiting path raises the TypeError set() gives
+
+    def _get_nowait(self, key: Any, default: Any) -> Any:
+        """:meth:`get` if it can answer without waiting (the lock is free and
+        nothing needs SQLite); :data:`NOWAIT_UNSURE` (nothing done) otherwise."""
+        if not self._lock.acquire(blocking=False):
+            return NOWAIT_UNSURE
+        try:
+            if self._state is not _OPEN or not self._in_memory(key):
+                return NOWAIT_UNSURE
+            return self._get_held(key, default)
+        finally:
+            self._lock.release()
+
+    def _set_nowait(self, key: Any, value: Any, expire: float | None = None) -> bool:
+        """:meth:`set` if it can be done without waiting; False (nothing done)
+        when it could wait: fsync durability, the lock taken, back-pressure,
+        a log segment to roll (an fsync), an entry that needs SQLite.
+
+        :raises TypeError, ValueError: as :meth:`set` (nothing done).
+        """
+        if self.durability == "fsync":
+            return False
+        if expire is not None:
+            expire = _check_expire(expire)
+            if expire == 0:
+                return False
+        kb, vb, held, nbytes = self._encode_entry(key, value)
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            log = self._log
+            if self._state is not _OPEN or self._tier.pending >= self.max_pending_pages or \
+                    (log is not None and log._size >= log.segment_bytes) or \
+                    not self._in_memory(key):
+                return False
+            expire_at = None if expire is None else self._now() + expire
+            self._logged_set(key, kb, vb, held, expire_at, self._ref(key), nbytes)
+            return True
+        finally:
+            self._lock.release()
 
     def _value_too_big(self, key: Any, size: int) -> ValueError:
         fix = ("store it elsewhere (max_value_bytes is at its largest, "

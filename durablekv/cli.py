@@ -430,6 +430,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_salvage)
     for sp in (p, c, s):
         sp.set_defaults(flags=frozenset(sp._option_string_actions))
+
+    from .server.command import add_arguments as _serve_arguments  # no FastAPI import
+    v = sub.add_parser("serve", help="serve a cache directory over HTTP (the server extra)",
+                       description="Serve DIR over HTTP (FastAPI on uvicorn): PUT/GET/HEAD/"
+                       "DELETE /v1/keys/KEY, POST /v1/keys/KEY/incr, POST /v1/batch, /metrics, "
+                       "/healthz. Prints 'durablekv serving DIR on http://HOST:PORT' once "
+                       "listening; SIGTERM or SIGINT drains, flushes, closes and exits 0. "
+                       "See docs/server.md.")
+    _serve_arguments(v)
+    v.set_defaults(flags=frozenset(v._option_string_actions))
     return parser
 
 

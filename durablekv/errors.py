@@ -341,3 +341,55 @@ class MetricsServeError(DurableKVError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[1])
+
+
+# -- the HTTP client (durablekv.client) ----------------------------------------
+# Drawn here rather than in the tree above so that the tree's other classes
+# stay where they were:
+#
+#   DurableKVError
+#    └── RemoteError              the server answered an error (status, error, detail)
+#         ├── RemoteAuthError     (PermissionError) 401: missing or wrong token
+#         ├── RemoteValueError    (ValueError) 400/413/414/422: bad key, value, ttl
+#         ├── RemoteTypeError     (TypeError) 409: incr on a value that is not an int
+#         └── ServerUnavailableError (ConnectionError) no answer (refused, timed out)
+
+__all__ += ["RemoteError", "RemoteAuthError", "RemoteValueError", "RemoteTypeError",
+            "ServerUnavailableError"]
+
+
+class RemoteError(DurableKVError):
+    """A durablekv server answered with an error.
+
+    :ivar status: the HTTP status (0 when there was no answer).
+    :ivar error: the server's short error name.
+    :ivar detail: the server's explanation.
+    :ivar url: the request's URL.
+    """
+
+    def __init__(self, status: int, error: str, detail: str, url: str = "") -> None:
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.url = url
+        where = f" ({url})" if url else ""
+        super().__init__(f"server answered {status} {error}: {detail}{where}" if status
+                         else f"{error}: {detail}{where}")
+
+
+class RemoteAuthError(RemoteError, PermissionError):
+    """401: the server needs ``token=`` (its ``--token-file`` or
+    ``DURABLEKV_TOKEN``), or the one given is wrong."""
+
+
+class RemoteValueError(RemoteError, ValueError):
+    """400, 413, 414 or 422: a bad key, value or ttl (as ``ValueError`` in the library)."""
+
+
+class RemoteTypeError(RemoteError, TypeError):
+    """409: ``incr`` on a value that is not an int (as ``TypeError`` in the library)."""
+
+
+class ServerUnavailableError(RemoteError, ConnectionError):
+    """No answer from the server: refused, reset or timed out. A write that
+    got this may or may not have been applied."""

@@ -726,7 +726,8 @@ def test_public_surface_is_pinned():
         "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
         "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError", "LogFileGoneError",
         "LogWriteError", "WriteBehindError", "FlushTimeoutError", "TraceFormatError",
-        "MetricsServeError", "__version__"]
+        "MetricsServeError", "RemoteError", "RemoteAuthError", "RemoteValueError",
+        "RemoteTypeError", "ServerUnavailableError", "__version__"]
 
 
 def test_every_error_class_a_docstring_names_is_importable_from_durablekv():
@@ -741,10 +742,14 @@ def test_every_error_class_a_docstring_names_is_importable_from_durablekv():
 
     assert set(errors.__all__) <= set(durablekv.__all__)
     named = set()
+    root = Path(durablekv.__file__).parent
     for info in pkgutil.iter_modules(durablekv.__path__):
-        text = (Path(durablekv.__file__).parent / f"{info.name}.py").read_text(encoding="utf-8")
-        named.update(n for n in re.findall(r"\b([A-Z][A-Za-z]*Error)\b", text)
-                     if hasattr(errors, n))
+        files = sorted((root / info.name).glob("*.py")) if info.ispkg \
+            else [root / f"{info.name}.py"]
+        for path in files:
+            text = path.read_text(encoding="utf-8")
+            named.update(n for n in re.findall(r"\b([A-Z][A-Za-z]*Error)\b", text)
+                         if hasattr(errors, n))
     assert "LogError" in named
     for name in sorted(named):
         assert getattr(durablekv, name) is getattr(errors, name), name
