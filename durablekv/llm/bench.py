@@ -245,18 +245,20 @@ def run_bench(*, quick: bool = False, repeats: int | None = None, spread: float 
         w = replace(w, spread=spread)
     plan: list[tuple[str, Workload, dict]] = []
     mem = {"prefix": "memory"}
-    for r in range(repeats):
+    for _ in range(repeats):          # interleaved: machine noise hits every configuration
         plan += [("static", w, {"scheduler": "static", **mem}), ("continuous", w, mem),
                  ("per_seq", w, {"batched": False, **mem}), ("prefix_off", w, {}),
-                 ("prefix_memory", w, {"prefix": "memory"}),
+                 ("prefix_memory", w, mem),
                  ("prefix_durable", w, {"prefix": "durable"}),
                  ("prefix_after_restart", w, {"prefix": "durable"})]
-    for s in spreads:
-        plan += [(f"spread:{s}:static", replace(w, spread=s), {"scheduler": "static", **mem}),
-                 (f"spread:{s}:continuous", replace(w, spread=s), mem)]
-    for c in loads:
-        plan += [(f"load:{c}:static", replace(w, concurrency=c), {"scheduler": "static", **mem}),
-                 (f"load:{c}:continuous", replace(w, concurrency=c), mem)]
+        for s in spreads:
+            sw = replace(w, spread=s)
+            plan += [(f"spread:{s}:static", sw, {"scheduler": "static", **mem}),
+                     (f"spread:{s}:continuous", sw, mem)]
+        for c in loads:
+            lw = replace(w, concurrency=c)
+            plan += [(f"load:{c}:static", lw, {"scheduler": "static", **mem}),
+                     (f"load:{c}:continuous", lw, mem)]
     total = sum(output_tokens(pw, cfg.vocab_size) for _, pw, _ in plan)
     tmp = tempfile.mkdtemp(prefix="durablekv-llm-bench-", dir=workdir)
     results: dict[str, list[dict]] = {}
