@@ -74,6 +74,16 @@ def _check_table_entries(name: str, table: np.ndarray, num_blocks: int) -> None:
                          "a block table must hold ids the pool allocated")
 
 
+def _masked_softmax(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis with ``mask`` (True = not attended) at -inf.
+    Every row keeps at least one position (lengths are >= 1)."""
+    scores = np.where(mask, -np.inf, scores)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
+
+
 def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
                     block_tables: np.ndarray, seq_lens: np.ndarray,
                     scale: float | None = None) -> np.ndarray:
@@ -131,10 +141,7 @@ def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.nd
     q = query.astype(ctype, copy=False).reshape(num_seqs, num_kv_heads, group, head_dim)
     scores = np.einsum("skgd,stkd->skgt", q, k) * scale           # [S, KV, G, T]
     mask = np.arange(capacity)[None, :] >= seq_lens[:, None]      # [S, T]
-    scores = np.where(mask[:, None, None, :], -np.inf, scores)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    scores = _masked_softmax(scores, mask[:, None, None, :])
     out = np.einsum("skgt,stkd->skgd", scores, v)
     return out.reshape(num_seqs, num_heads, head_dim).astype(query.dtype, copy=False)
 
@@ -183,9 +190,6 @@ def paged_prefill_attention(query: np.ndarray, key_cache: np.ndarray, value_cach
     scores = np.einsum("nkgd,tkd->kgnt", q, k) * scale               # [KV, G, n, T]
     pos = start_pos + np.arange(n)
     mask = np.arange(total)[None, :] > pos[:, None]                   # [n, T]
-    scores = np.where(mask, -np.inf, scores)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    scores = _masked_softmax(scores, mask)
     out = np.einsum("kgnt,tkd->nkgd", scores, v)
     return out.reshape(n, num_heads, head_dim).astype(query.dtype, copy=False)

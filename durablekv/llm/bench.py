@@ -28,7 +28,8 @@ Configurations (JSON keys):
   a fresh pool over the Cache that ``prefix_durable`` left (closed after
   :meth:`~durablekv.llm.pool.BlockPool.spill_cached`, then reopened).
 - ``batching``: continuous, prefix caching in memory, one matmul per step for
-  the batch vs one per sequence.
+  the batch vs one per sequence; and ``decode_micro``, decode steps alone at
+  fixed batch sizes, the same comparison without prefill or scheduling.
 - ``spread_sweep``: static vs continuous at several output-length spreads.
 - ``load_sweep``: static vs continuous at several concurrencies.
 """
@@ -53,10 +54,11 @@ import numpy as np
 from ..cache import Cache
 from .engine import LLMEngine
 from .kvstore import KVBlockStore
-from .model import TinyTransformer
+from .model import Segment, TinyTransformer
 from .scheduler import ContinuousScheduler, Request, StaticScheduler
 
-__all__ = ["Workload", "BenchConfig", "run_workload", "run_bench", "main"]
+__all__ = ["Workload", "BenchConfig", "run_workload", "run_bench", "batching_micro",
+           "render_markdown", "main"]
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,46 @@ def run_workload(w: Workload, cfg: BenchConfig, *, scheduler: str = "continuous"
     }
 
 
+def batching_micro(cfg: BenchConfig, *, batch_sizes: list[int], steps: int, context: int,
+                   repeats: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Decode steps alone, at a fixed batch size: one matmul per layer for the
+    whole batch vs one per sequence (the same tokens, positions and KV).
+
+    Each sequence first gets a ``context``-token prefill; then ``steps`` decode
+    steps run in each mode, alternating, ``repeats`` times.
+    """
+    model = TinyTransformer(vocab_size=cfg.vocab_size, num_layers=cfg.num_layers,
+                            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                            head_dim=cfg.head_dim, seed=seed)
+    rng = np.random.default_rng(seed)
+    out = []
+    for batch in batch_sizes:
+        per_seq_blocks = -(-(context + steps) // cfg.block_size)
+        pool = model.make_pool(batch * per_seq_blocks, cfg.block_size,
+                               enable_prefix_caching=False)
+        for i in range(batch):
+            prompt = rng.integers(0, cfg.vocab_size, context).tolist()
+            pool.add_sequence(i, prompt)
+            pool.allocate_slots(i, 0, context + steps)
+            model.forward(pool, [Segment(i, prompt, 0)])
+        token = [int(rng.integers(0, cfg.vocab_size))]
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(repeats):
+            for batched in (False, True):
+                model.batched = batched
+                t0 = time.perf_counter()
+                for step in range(steps):
+                    model.forward(pool, [Segment(i, token, context + step) for i in range(batch)])
+                rates[batched].append(batch * steps / (time.perf_counter() - t0))
+        gains = [b / p for b, p in zip(rates[True], rates[False])]
+        out.append({"batch_size": batch,
+                    "batched_tokens_per_s": statistics.median(rates[True]),
+                    "per_sequence_tokens_per_s": statistics.median(rates[False]),
+                    "gain": {"median": statistics.median(gains), "min": min(gains),
+                             "max": max(gains)}})
+    return out
+
+
 _TIMED = ("tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "wall_s")
 
 
@@ -287,6 +329,9 @@ def run_bench(*, quick: bool = False, repeats: int | None = None, spread: float 
         "per_sequence": _summarize(results["per_seq"]),
         "gain": _ratio(results["continuous"], results["per_seq"]),
     }
+    report["batching"]["decode_micro"] = batching_micro(
+        cfg, batch_sizes=[1, 4, 16] if not quick else [1, 4], steps=8 if quick else 32,
+        context=cfg.block_size * 4, repeats=repeats, seed=seed)
     report["scheduling_gain"] = _ratio(results["continuous"], results["static"])
     report["prefix_gain"] = {
         "memory_vs_off": _ratio(results["prefix_memory"], results["prefix_off"]),
@@ -371,6 +416,49 @@ def plot(report: dict[str, Any], directory: str) -> list[str]:
     return paths
 
 
+def render_markdown(r: dict[str, Any]) -> str:
+    """The report's headline tables in Markdown (docs/llm.md quotes this output)."""
+    def span(x: dict, key: str, scale: float = 1.0, fmt: str = "{:.0f}") -> str:
+        if x.get("repeats", 1) == 1:
+            return fmt.format(x[key] * scale)
+        return (fmt.format(x[key] * scale) + " (" + fmt.format(x[key + "_min"] * scale) + ".."
+                + fmt.format(x[key + "_max"] * scale) + ")")
+
+    def gain(g: dict) -> str:
+        return f"{g['median']:.2f}x ({g['min']:.2f}..{g['max']:.2f})"
+
+    lines = ["| configuration | tokens/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
+             "TPOT p99 ms | hit rate (memory + durable) | preemptions | KV use mean/max |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for k in ("static", "continuous", "prefix_off", "prefix_memory", "prefix_durable",
+              "prefix_after_restart"):
+        x = r[k]
+        lines.append(
+            f"| `{k}` | {span(x, 'tokens_per_s')} | {span(x, 'ttft_p50_s', 1e3, '{:.1f}')} | "
+            f"{span(x, 'ttft_p99_s', 1e3, '{:.1f}')} | {span(x, 'tpot_p50_s', 1e3, '{:.2f}')} | "
+            f"{span(x, 'tpot_p99_s', 1e3, '{:.2f}')} | {x['prefix_hit_rate']:.1%} "
+            f"({x['prefix_hit_rate_memory']:.1%} + {x['prefix_hit_rate_durable']:.1%}) | "
+            f"{x['preemptions']} | {x['kv_usage_mean']:.0%} / {x['kv_usage_max']:.0%} |")
+    lines += ["", "| ratio (median of per-repeat ratios, min..max) | tokens/s |", "|---|---|",
+              f"| batching: one matmul for the batch / one per sequence (whole workload) | "
+              f"{gain(r['batching']['gain'])} |"]
+    for p in r["batching"]["decode_micro"]:
+        lines.append(f"| batching, decode steps only, batch {p['batch_size']} | "
+                     f"{gain(p['gain'])} |")
+    lines.append(f"| scheduling: continuous / static | {gain(r['scheduling_gain'])} |")
+    for name in ("memory_vs_off", "durable_vs_off", "after_restart_vs_off"):
+        g = r["prefix_gain"][name]
+        lines.append(f"| prefix caching: {name.replace('_', ' ')} | {gain(g)} |")
+    for p in r["spread_sweep"]:
+        lines.append(f"| continuous / static at output spread {p['spread']:.2f} | "
+                     f"{gain(p['gain'])} |")
+    ttft = [f"{p['concurrency']}: {p['static']['ttft_p50_s'] * 1e3:.0f} / "
+            f"{p['continuous']['ttft_p50_s'] * 1e3:.0f}" for p in r["load_sweep"]]
+    lines += ["", "TTFT p50 ms static / continuous by concurrent chats: " + "; ".join(ttft) + ".",
+              f"Identical tokens in every configuration: {r['outputs_identical']}."]
+    return "\n".join(lines) + "\n"
+
+
 def _print_report(r: dict[str, Any], out=None) -> None:
     out = out or sys.stdout
 
@@ -392,6 +480,10 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         row(k, r[k])
     print(f"  batching gain (one matmul for the batch vs one per sequence): "
           f"{gain(r['batching']['gain'])}", file=out)
+    for p in r["batching"]["decode_micro"]:
+        print(f"    decode only, batch {p['batch_size']:2d}: batched "
+              f"{p['batched_tokens_per_s']:7.0f} tok/s, per sequence "
+              f"{p['per_sequence_tokens_per_s']:7.0f} tok/s: {gain(p['gain'])}", file=out)
     print(f"  scheduling gain (continuous vs static, same requests): "
           f"{gain(r['scheduling_gain'])}", file=out)
     for name, g in r["prefix_gain"].items():
