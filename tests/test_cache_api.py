@@ -731,10 +731,13 @@ def test_every_error_class_a_docstring_names_is_importable_from_durablekv():
 
     assert set(errors.__all__) <= set(durablekv.__all__)
     named = set()
+    base = Path(durablekv.__file__).parent
     for info in pkgutil.iter_modules(durablekv.__path__):
-        text = (Path(durablekv.__file__).parent / f"{info.name}.py").read_text(encoding="utf-8")
-        named.update(n for n in re.findall(r"\b([A-Z][A-Za-z]*Error)\b", text)
-                     if hasattr(errors, n))
+        files = sorted((base / info.name).glob("*.py")) if info.ispkg else [base / f"{info.name}.py"]
+        for path in files:  # a subpackage (durablekv.llm): all of its modules
+            text = path.read_text(encoding="utf-8")
+            named.update(n for n in re.findall(r"\b([A-Z][A-Za-z]*Error)\b", text)
+                         if hasattr(errors, n))
     assert "LogError" in named
     for name in sorted(named):
         assert getattr(durablekv, name) is getattr(errors, name), name
