@@ -6,6 +6,7 @@ into a SQLite page store. See README.md and docs/architecture.md.
 """
 
 from .cache import Cache
+from .sharded import ShardedCache
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
                      LogCorruptionError, LogError, LogFileGoneError, LogWriteError,
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cache",
+    "ShardedCache",
     "CacheStats",
     "DurableKVError",
     "CacheLockedError",

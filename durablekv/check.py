@@ -79,7 +79,12 @@ def check_directory(directory: str) -> CheckResult:
         return _finish(r)
     if not (os.path.exists(os.path.join(directory, STORE_FILE)) or list_segments(directory)
             or os.path.exists(os.path.join(directory, LOCK_FILE))):
-        r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)")
+        hint = ""
+        if os.path.exists(os.path.join(directory, "SHARDS")):
+            hint = ("; it is a ShardedCache directory: check each shard, e.g. "
+                    f"durablekv check {os.path.join(directory, 'shard-00')}")
+        r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)"
+                + hint)
         return _finish(r)
     lock = os.path.join(directory, LOCK_FILE)
     lock_fd = None
