@@ -47,6 +47,7 @@ from . import pages as _pages
 from .pages import EMPTY, HAS_TTL, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments
 from .stats import CacheStats, HistogramSnapshot
+from . import pgwire as _pgwire
 from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
                     encode_columns, encode_page, mark_damaged, page_columns, split_page)
 
@@ -318,7 +319,14 @@ class Cache(MutableMapping):
         the good prefix and moving the damaged segment aside (loses the
         records after the damage; off by default). ``stats().salvaged_bytes``
         says how many bytes of the log were given up.
-    :param busy_timeout: seconds SQLite waits for a lock held by another process.
+    :param busy_timeout: seconds SQLite waits for a lock held by another process
+        (with a PostgreSQL store: seconds to wait for each host when connecting).
+    :param store: None (default: ``pages.sqlite3`` in the directory) or a
+        ``postgresql://`` URL: pages, key index and checkpoint in PostgreSQL
+        (needs the ``postgres`` extra; see docs/postgres.md). The replay log
+        stays in the directory.
+    :param namespace: with ``store``: this cache's name in the database (one
+        owner at a time, else :class:`~durablekv.errors.NamespaceLockedError`).
     :raises CacheLockedError: the directory is open elsewhere.
     :raises ConfigError: an invalid or conflicting setting.
     :raises CorruptStoreError, SchemaVersionError, LogCorruptionError: see
@@ -344,7 +352,8 @@ class Cache(MutableMapping):
                  serializer: str | _codec.ValueCodec = "safe",
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, max_pending_pages: int | None = None,
                  on_corruption: str = "raise", salvage_log: bool = False,
-                 busy_timeout: float = 5.0, segment_bytes: int = 64 << 20) -> None:
+                 busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
+                 store: str | None = None, namespace: str | None = None) -> None:
         self._state = _CLOSED
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"the cache directory must be a path (str or os.PathLike), not "
@@ -361,6 +370,8 @@ class Cache(MutableMapping):
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
                       segment_bytes=segment_bytes, salvage_log=salvage_log)
+        _pgwire.check_store_args(store, namespace, durability)
+        self._store_url, self.namespace = store, namespace
         if clock is not None:
             _check_clock(clock)
         self._codec = _codec.codec_by_name(serializer)
@@ -408,12 +419,17 @@ class Cache(MutableMapping):
               segment_bytes) -> None:
         self.store_rebuilds = 0
         try:
-            self._store = SQLitePageStore(self.path, durability=self.durability,
-                                          page_size=page_size, serializer=self._codec.name,
-                                          busy_timeout=busy_timeout,
-                                          verify=on_corruption == "rebuild")
+            self._store = (_pgwire.open_store(self._store_url, self.namespace,
+                                              durability=self.durability, page_size=page_size,
+                                              serializer=self._codec.name,
+                                              connect_timeout=busy_timeout)
+                           if self._store_url is not None else
+                           SQLitePageStore(self.path, durability=self.durability,
+                                           page_size=page_size, serializer=self._codec.name,
+                                           busy_timeout=busy_timeout,
+                                           verify=on_corruption == "rebuild"))
         except CorruptStoreError as exc:
-            if on_corruption != "rebuild":
+            if on_corruption != "rebuild" or self._store_url is not None:
                 raise
             # The new store, whole, before the damaged one moves; it starts
             # where the replay log does, which it continues.

@@ -1,0 +1,174 @@
+"""Real PostgreSQL servers for the tests, from Debian's binaries.
+
+:class:`PgServer` runs ``initdb`` in a temporary directory owned by an
+unprivileged user (PostgreSQL refuses to run as root), starts ``postgres``
+on 127.0.0.1 on a free port with its unix socket in that directory, waits
+for it with a deadline and stops it (fast shutdown, then SIGKILL) however
+the test ends. Password authentication is on for TCP, so that tests can put
+a password in the connection string and check that no message prints it.
+
+Without the binaries the tests skip with the reason; ``.ci/run`` installs
+``postgresql`` and sets ``DURABLEKV_REQUIRE_POSTGRES=1``, which turns that
+skip into a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+PG_BIN = Path(os.environ.get("DURABLEKV_PG_BIN", "/usr/lib/postgresql/15/bin"))
+REQUIRE_POSTGRES = os.environ.get("DURABLEKV_REQUIRE_POSTGRES") == "1"
+#: the superuser's password (TCP connections must give it)
+PASSWORD = "pw-Zq7-secret"
+START_DEADLINE = 60.0
+
+
+def no_postgres(reason: str) -> None:
+    """Skip (locally) or fail (CI) a test that needs PostgreSQL."""
+    if REQUIRE_POSTGRES:
+        pytest.fail(reason + "; DURABLEKV_REQUIRE_POSTGRES=1 makes this a failure", pytrace=False)
+    pytest.skip(reason)
+
+
+def _missing() -> str | None:
+    for tool in ("initdb", "postgres", "pg_ctl"):
+        if not (PG_BIN / tool).exists():
+            return f"PostgreSQL server binaries not found ({PG_BIN / tool}); install postgresql"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg is not installed; pip install 'durablekv[postgres]'"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_as() -> tuple[list[str], int | None, int | None]:
+    """The command prefix, uid and gid to run server tools as (never root)."""
+    if os.geteuid() != 0:
+        return [], None, None
+    user = pwd.getpwnam("postgres")
+    return ["runuser", "-u", "postgres", "--"], user.pw_uid, user.pw_gid
+
+
+class PgServer:
+    """One PostgreSQL server in a temporary directory.
+
+    :ivar port: its TCP port on 127.0.0.1.
+    :ivar root: the temporary directory (data directory ``root/data``).
+    """
+
+    def __init__(self, root: Path | None = None, data: Path | None = None,
+                 port: int | None = None) -> None:
+        self._prefix, uid, gid = _run_as()
+        self.root = Path(root or tempfile.mkdtemp(prefix="dkv-pg-"))
+        self.data = data or self.root / "data"
+        if uid is not None:
+            os.chown(self.root, uid, gid)
+        self.port = port or _free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def _tool(self, name: str, *args: str, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([*self._prefix, str(PG_BIN / name), *args], check=True,
+                              capture_output=True, text=True, **kw)
+
+    def initdb(self) -> None:
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(PASSWORD + "\n")
+        if self._prefix:
+            shutil.chown(pwfile, "postgres")
+        self._tool("initdb", "-D", str(self.data), "-U", "postgres", "--pwfile", str(pwfile),
+                   "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
+                   "--no-sync", timeout=START_DEADLINE)
+        with open(self.data / "pg_hba.conf", "a") as f:
+            f.write("host replication all 127.0.0.1/32 scram-sha-256\n")
+
+    def start(self, *settings: str) -> None:
+        """Start ``postgres`` (``settings``: extra ``name=value``) and wait until
+        it accepts connections, at most :data:`START_DEADLINE` seconds."""
+        opts = ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
+                "-c", "fsync=off", "-c", "shared_buffers=16MB", "-c", "max_connections=60",
+                "-c", "wal_level=replica", "-c", "max_wal_senders=4"]
+        for s in settings:
+            opts += ["-c", s]
+        log = open(self.root / "server.log", "ab")
+        self.proc = subprocess.Popen([*self._prefix, str(PG_BIN / "postgres"), "-D", str(self.data),
+                                      "-p", str(self.port), *opts],
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + START_DEADLINE
+        import psycopg
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"postgres exited with {self.proc.returncode}: "
+                                   + (self.root / "server.log").read_text()[-2000:])
+            try:
+                psycopg.connect(self.url(), connect_timeout=2).close()
+                return
+            except psycopg.OperationalError as exc:
+                if "starting up" not in str(exc) and "refused" not in str(exc) \
+                        and "No such file" not in str(exc) and "recovery" not in str(exc):
+                    raise
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"postgres on port {self.port} not ready in {START_DEADLINE} s")
+            time.sleep(0.05)
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres:{PASSWORD}@127.0.0.1:{self.port}/{dbname}"
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster (its backends die with it once they notice)."""
+        if self.proc is not None and self.proc.poll() is None:
+            # runuser forwards signals; kill the whole session to be sure
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """Fast shutdown; SIGKILL after 20 s. Idempotent."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def pg_server(*settings: str):
+    """A started :class:`PgServer`, stopped and removed on exit."""
+    missing = _missing()
+    if missing:
+        no_postgres(missing)
+    server = PgServer()
+    try:
+        server.initdb()
+        server.start(*settings)
+        yield server
+    finally:
+        server.remove()
