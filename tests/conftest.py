@@ -133,3 +133,22 @@ def check_table(tier: MemoryTier) -> None:
         for slot, key in enumerate(page.keys):
             if key is not EMPTY:
                 assert tuple(tier.table[key][:2]) == (page, slot), (key, page)
+
+
+@pytest.fixture(scope="session")
+def pg():
+    """One real PostgreSQL server for the session (tests/pg.py); skipped
+    (locally) or failed (CI) without the binaries."""
+    from .pg import pg_server
+    with pg_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_ns(request) -> str:
+    """A namespace of the session's server no other test uses."""
+    _NS_COUNTER[0] += 1
+    return f"{request.node.name[:40]}-{_NS_COUNTER[0]}"
+
+
+_NS_COUNTER = [0]

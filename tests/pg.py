@@ -58,12 +58,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_as() -> tuple[list[str], int | None, int | None]:
-    """The command prefix, uid and gid to run server tools as (never root)."""
+def _run_as() -> dict:
+    """Popen arguments that run a server tool as an unprivileged user (never
+    root); the server is then this process's own child, reaped by ``wait``."""
     if os.geteuid() != 0:
-        return [], None, None
+        return {}
     user = pwd.getpwnam("postgres")
-    return ["runuser", "-u", "postgres", "--"], user.pw_uid, user.pw_gid
+    return dict(user=user.pw_uid, group=user.pw_gid, extra_groups=[])
 
 
 class PgServer:
@@ -75,23 +76,23 @@ class PgServer:
 
     def __init__(self, root: Path | None = None, data: Path | None = None,
                  port: int | None = None) -> None:
-        self._prefix, uid, gid = _run_as()
+        self.as_user = _run_as()
         self.root = Path(root or tempfile.mkdtemp(prefix="dkv-pg-"))
         self.data = data or self.root / "data"
-        if uid is not None:
-            os.chown(self.root, uid, gid)
+        if self.as_user:
+            os.chown(self.root, self.as_user["user"], self.as_user["group"])
         self.port = port or _free_port()
         self.proc: subprocess.Popen | None = None
 
     def _tool(self, name: str, *args: str, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run([*self._prefix, str(PG_BIN / name), *args], check=True,
-                              capture_output=True, text=True, **kw)
+        return subprocess.run([str(PG_BIN / name), *args], check=True, capture_output=True,
+                              text=True, cwd=self.root, **self.as_user, **kw)
 
     def initdb(self) -> None:
         pwfile = self.root / "pwfile"
         pwfile.write_text(PASSWORD + "\n")
-        if self._prefix:
-            shutil.chown(pwfile, "postgres")
+        if self.as_user:
+            os.chown(pwfile, self.as_user["user"], self.as_user["group"])
         self._tool("initdb", "-D", str(self.data), "-U", "postgres", "--pwfile", str(pwfile),
                    "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
                    "--no-sync", timeout=START_DEADLINE)
@@ -107,10 +108,10 @@ class PgServer:
         for s in settings:
             opts += ["-c", s]
         log = open(self.root / "server.log", "ab")
-        self.proc = subprocess.Popen([*self._prefix, str(PG_BIN / "postgres"), "-D", str(self.data),
-                                      "-p", str(self.port), *opts],
+        self.proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(self.data),
+                                      "-p", str(self.port), *opts], cwd=self.root,
                                      stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, **self.as_user)
         log.close()
         deadline = time.monotonic() + START_DEADLINE
         import psycopg
@@ -134,12 +135,17 @@ class PgServer:
         return f"postgresql://postgres:{PASSWORD}@127.0.0.1:{self.port}/{dbname}"
 
     def kill(self) -> None:
-        """SIGKILL the postmaster (its backends die with it once they notice)."""
+        """SIGKILL the postmaster and its backends (its whole process group)."""
         if self.proc is not None and self.proc.poll() is None:
-            # runuser forwards signals; kill the whole session to be sure
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        if self.proc is not None:
+            # backends are reparented, not our children: wait until they are
+            # gone so that a restart finds no live process on the data dir
+            deadline = time.monotonic() + 10
+            while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
 
     def stop(self) -> None:
         """Fast shutdown; SIGKILL after 20 s. Idempotent."""
@@ -157,6 +163,14 @@ class PgServer:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -104,7 +104,7 @@ def describe_conninfo(conninfo: str) -> str:
         parts = _conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"the PostgreSQL connection string {_scrub(conninfo, conninfo)!r} "
-                          f"cannot be parsed ({_scrub(str(exc), conninfo)}); give a URL "
+                          f"cannot be parsed ({_scrub(str(exc).strip(), conninfo)}); give a URL "
                           "such as 'postgresql://user@host:5432/dbname'") from None
     hosts = str(parts.get("host") or parts.get("hostaddr") or "localhost")
     ports = str(parts.get("port") or "5432")
@@ -236,8 +236,9 @@ class PostgresPageStore:
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to PostgreSQL at {self.where} (namespace "
                              f"{self.namespace!r}): {_scrub(str(exc).strip(), self.conninfo)}; "
-                             "check that the server runs and that the host, port, user, "
-                             "password and database are right", self.path) from None
+                             "unable to open a connection: check that "
+                             "the server runs and that the host, port, user, password and "
+                             "database are right", self.path) from None
         try:
             if self._durability == "none":
                 conn.execute("SET synchronous_commit = off")
