@@ -65,7 +65,7 @@ MIN_SEGMENT_BYTES = 1024
 _U32_PACK = struct.Struct("<I").pack
 _Frozen = _codec.Frozen
 _OPEN, _CLOSING, _CLOSED, _FAILED, _FORKED = "open", "closing", "closed", "failed", "forked"
-DURABILITY_MODES = ("fsync", "log", "none")
+DURABILITY_MODES = ("fsync", "log", "none", "sync")
 #: Longest encoded key (bytes); keys live in the page blobs and the index.
 MAX_KEY_BYTES = 1 << 20
 #: Largest allowed max_value_bytes: one entry must fit in a page.
@@ -296,7 +296,9 @@ class Cache(MutableMapping):
     :param flush_interval: seconds between write-behind flushes (and log
         fsyncs in ``durability="log"``).
     :param flush_batch_pages: a flush starts early once this many pages are dirty.
-    :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README.
+    :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README;
+        with a PostgreSQL store also ``"sync"``: a write returns once its log
+        record is committed in PostgreSQL (see docs/postgres.md).
     :param name: label for metrics; default the directory's base name.
     :param clock: ``() -> float`` epoch seconds for TTLs; default
         ``time.time`` looked up at each call (so freezegun moves it). It is
@@ -376,6 +378,8 @@ class Cache(MutableMapping):
             _check_clock(clock)
         self._codec = _codec.codec_by_name(serializer)
         self.durability = durability
+        # a write waits for its log record: fsynced, or committed in PostgreSQL ("sync")
+        self._sync_writes = durability in ("fsync", "sync")
         self.flush_interval = float(flush_interval)
         self.flush_batch_pages = int(flush_batch_pages)
         self.max_value_bytes = int(max_value_bytes)
@@ -483,7 +487,8 @@ class Cache(MutableMapping):
         self._sweep_paused_until = 0.0  # monotonic; after a store read error
         # The log exists in every mode at recovery time: a directory last used
         # with durability="log" may hold records that must be replayed.
-        self._log = ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes)
+        self._log = (_pgwire.open_log(store, self.path) if self.durability == "sync" else
+                     ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes))
         self._batcher = WriteBehindBatcher(self, store, self._log if self.durability != "none" else None,
                                            interval=self.flush_interval,
                                            sync_log=self.durability == "log",
@@ -1290,7 +1295,7 @@ class Cache(MutableMapping):
                 # new key object, as a dict does for a fresh key), not updated.
                 lsn_to_sync = self._logged_set(key, kb, vb, held, expire_at,
                                                self._ref(key), nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn_to_sync)
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -1364,7 +1369,7 @@ class Cache(MutableMapping):
                 return False
             expire_at = None if expire is None else self._now() + expire
             lsn = self._logged_set(key, kb, vb, held, expire_at, None, nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -1406,7 +1411,7 @@ class Cache(MutableMapping):
             # encoded under the lock: the new value depends on the old one
             kb, vb, held, nbytes = self._encode_entry(key, value)
             lsn = self._logged_set(key, kb, vb, held, expire_at, ref, nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return value
 
@@ -1451,7 +1456,7 @@ class Cache(MutableMapping):
                 vb = self._codec.to_blob(held)
                 expire_at = None if expire is None else self._now() + expire
                 lsn = self._logged_set(key, kb, vb, held, expire_at, ref, len(kb) + len(vb))
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -1469,7 +1474,7 @@ class Cache(MutableMapping):
             lsn = self._append(OP_DELETE, kb, b"", None)
             self._apply_delete(key, lsn)
             self._deletes += 1
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -1492,7 +1497,7 @@ class Cache(MutableMapping):
             lsn = self._append(OP_DELETE, kb, b"", None)
             self._apply_delete(key, lsn)
             self._deletes += 1
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return value
 
@@ -1522,7 +1527,7 @@ class Cache(MutableMapping):
             lsn = self._append(OP_CLEAR, b"", b"", None)
             self._apply_clear(lsn)
             self._batcher.kick()
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
 
     def __len__(self) -> int:

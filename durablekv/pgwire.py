@@ -2,8 +2,10 @@
 
 ``Cache(directory, store="postgresql://...", namespace="name")``: the pages,
 key index and checkpoint go to PostgreSQL (:mod:`durablekv.stores.postgres`);
-the directory keeps the ``LOCK`` file and the replay log. The cache's own
-code only calls :func:`check_store_args` and :func:`open_store`.
+the directory keeps the ``LOCK`` file and (except with ``durability="sync"``,
+whose log is in PostgreSQL: :mod:`durablekv.stores.pglog`) the replay log.
+The cache's own code only calls :func:`check_store_args`, :func:`open_store`
+and :func:`open_log`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["check_store_args", "open_store", "is_postgres_url"]
+__all__ = ["check_store_args", "open_store", "open_log", "is_postgres_url"]
 
 
 def is_postgres_url(store: Any) -> bool:
@@ -52,3 +54,10 @@ def open_store(store: str, namespace: str, *, durability: str, page_size: int | 
     from .stores.postgres import PostgresPageStore
     return PostgresPageStore(store, namespace, durability=durability, page_size=page_size,
                              serializer=serializer, connect_timeout=connect_timeout)
+
+
+def open_log(store: Any, directory: str) -> Any:
+    """The ``durability="sync"`` log of a PostgreSQL store's cache
+    (:class:`~durablekv.stores.pglog.PgReplayLog`)."""
+    from .stores.pglog import PgReplayLog
+    return PgReplayLog(store, directory)

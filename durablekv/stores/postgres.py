@@ -16,7 +16,8 @@ share one database):
   (format: :mod:`durablekv.store`), opaque to PostgreSQL (bytea);
 * ``dkv_keys(ns_id, key, page_id, expire_at, orig)``: the key index;
 * ``dkv_meta(ns_id, name, value)``: as the SQLite store's ``meta``, plus
-  ``flush_seq``, the number of flush transactions committed;
+  ``flush_seq``, the number of flush transactions committed, and ``owner``,
+  a token the current owner wrote when it took the namespace;
 * ``dkv_log(ns_id, lsn, record)``: the replay log of ``durability="sync"``
   (see :mod:`durablekv.stores.pglog`).
 
@@ -48,6 +49,7 @@ import contextlib
 import logging
 import math
 import os
+import uuid
 from typing import AbstractSet as Set
 from typing import Any, Container, Iterator, Sequence
 
@@ -187,6 +189,7 @@ class PostgresPageStore:
             self.ns_id = self._namespace_id()
             self._lock()
             self._settings(page_size, serializer)
+            self._claim()
             self._r = self._connect()
             meta = self._meta(self._w)
             with self._translate("open"):
@@ -296,6 +299,15 @@ class PostgresPageStore:
         owner = None if row is None else (f"{row[0] or 'a session'} (client {row[1] or 'local'}, "
                                           f"server pid {row[2]})")
         raise NamespaceLockedError(self.where, self.namespace, owner)
+
+    def _claim(self) -> None:
+        """Record this owner's token in ``meta.owner`` (with the lock held):
+        the sync-mode log checks it before each commit (see pglog.py)."""
+        self.owner_token = f"{os.getpid()}-{uuid.uuid4().hex}"
+        with self._translate("namespace claim"):
+            self._w.execute("INSERT INTO dkv_meta (ns_id, name, value) VALUES (%s, 'owner', %s) "
+                            "ON CONFLICT (ns_id, name) DO UPDATE SET value = EXCLUDED.value",
+                            (self.ns_id, self.owner_token))
 
     def _meta(self, conn: Any) -> dict[str, str]:
         with self._translate("meta read"):
