@@ -9,6 +9,7 @@ from .cache import Cache
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
                      LogCorruptionError, LogError, LogWriteError, MetricsServeError,
+                     NamespaceLockedError,
                      SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
 from .stats import CacheStats
 
@@ -19,6 +20,7 @@ __all__ = [
     "CacheStats",
     "DurableKVError",
     "CacheLockedError",
+    "NamespaceLockedError",
     "CacheClosedError",
     "CacheFailedError",
     "ConfigError",

@@ -712,7 +712,8 @@ def test_coalescing_many_sets_few_page_writes(tmp_path):
 
 def test_public_surface_is_pinned():
     assert durablekv.__all__ == [
-        "Cache", "CacheStats", "DurableKVError", "CacheLockedError", "CacheClosedError",
+        "Cache", "CacheStats", "DurableKVError", "CacheLockedError", "NamespaceLockedError",
+        "CacheClosedError",
         "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
         "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError",
         "LogWriteError", "WriteBehindError", "FlushTimeoutError", "TraceFormatError",
