@@ -724,7 +724,6 @@ def test_every_error_class_a_docstring_names_is_importable_from_durablekv():
     """Docstrings say ``:raises LogError:``; ``from durablekv import LogError``
     failed. Every class of the exception tree, and every durablekv error a
     public docstring names, comes from the package itself."""
-    import pkgutil
     import re
     from pathlib import Path
 
@@ -732,8 +731,8 @@ def test_every_error_class_a_docstring_names_is_importable_from_durablekv():
 
     assert set(errors.__all__) <= set(durablekv.__all__)
     named = set()
-    for info in pkgutil.iter_modules(durablekv.__path__):
-        text = (Path(durablekv.__file__).parent / f"{info.name}.py").read_text(encoding="utf-8")
+    for source in Path(durablekv.__file__).parent.rglob("*.py"):  # subpackages too
+        text = source.read_text(encoding="utf-8")
         named.update(n for n in re.findall(r"\b([A-Z][A-Za-z]*Error)\b", text)
                      if hasattr(errors, n))
     assert "LogError" in named
