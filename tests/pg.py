@@ -19,6 +19,7 @@ import os
 import pwd
 import shutil
 import signal
+import sys
 import socket
 import subprocess
 import tempfile
@@ -26,6 +27,10 @@ import time
 from pathlib import Path
 
 import pytest
+
+from durablekv.errors import CacheLockedError
+
+REPO = Path(__file__).resolve().parents[1]
 
 PG_BIN = Path(os.environ.get("DURABLEKV_PG_BIN", "/usr/lib/postgresql/15/bin"))
 REQUIRE_POSTGRES = os.environ.get("DURABLEKV_REQUIRE_POSTGRES") == "1"
@@ -46,9 +51,10 @@ def _missing() -> str | None:
         if not (PG_BIN / tool).exists():
             return f"PostgreSQL server binaries not found ({PG_BIN / tool}); install postgresql"
     try:
-        import psycopg  # noqa: F401
+        import psycopg
     except ImportError:
         return "psycopg is not installed; pip install 'durablekv[postgres]'"
+    del psycopg
     return None
 
 
@@ -186,3 +192,61 @@ def pg_server(*settings: str):
         yield server
     finally:
         server.remove()
+
+
+# -- helpers for tests of caches on these servers ---------------------------------------
+
+#: seconds a test waits for a writer process or a dead owner's session
+DEADLINE = 30.0
+
+
+def pg_cache(path, pg, ns, **kw):
+    """A Cache on ``pg``'s namespace ``ns`` whose batcher flushes only when asked."""
+    from .conftest import open_cache
+    return open_cache(path, store=pg.url(), namespace=ns, **kw)
+
+
+def store_rows(pg, ns: str) -> tuple[dict[str, str], dict[str, str]]:
+    """``(meta, {key repr: page_id})`` of namespace ``ns`` as committed."""
+    with _psycopg().connect(pg.url(), autocommit=True) as conn:
+        ns_id = conn.execute("SELECT ns_id FROM dkv_namespaces WHERE name = %s", (ns,)).fetchone()[0]
+        meta = dict(conn.execute("SELECT name, value FROM dkv_meta WHERE ns_id = %s", (ns_id,)))
+        keys = dict(conn.execute("SELECT key, page_id FROM dkv_keys WHERE ns_id = %s", (ns_id,)))
+    return meta, keys
+
+
+def writer(directory, pg, ns, durability, mode) -> subprocess.Popen:
+    """Start tests/pg_writer.py (its docstring: the modes and what it prints)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, str(REPO / "tests" / "pg_writer.py"), str(directory),
+                             pg.url(), ns, durability, mode], stdout=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def read_until(proc, marker: str, acked: list[int]) -> None:
+    """Read the writer's lines into ``acked`` up to the line ``marker``."""
+    deadline = time.monotonic() + DEADLINE
+    for line in proc.stdout:
+        if line.startswith("A "):
+            acked.append(int(line.split()[1]))
+        elif line.strip() == marker:
+            return
+        assert time.monotonic() < deadline, f"no {marker!r} from the writer in {DEADLINE} s"
+    raise AssertionError(f"the writer ended (rc {proc.wait()}) before {marker!r}")
+
+
+def open_with_deadline(path, pg, ns, **kw):
+    """Open once the dead owner's session is gone (PostgreSQL ends it when
+    it reads the closed socket), at most DEADLINE seconds."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        try:
+            return pg_cache(path, pg, ns, **kw)
+        except CacheLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+def _psycopg():
+    import psycopg
+    return psycopg

@@ -6,6 +6,8 @@ Sets keys ``k0, k1, ...`` to ``v<i>`` in a cache on a PostgreSQL store and
 prints ``A <i>`` (unbuffered) after each set returned. MODE:
 
     run      write until killed; flush every 50 sets
+    hold     write 100 keys (no flush: the flush interval is 30 s), print
+             "S" and wait to be killed
     commit   write 200 keys and flush; then 200 more and flush: that
              flush prints "T" inside its transaction, before COMMIT, and
              pauses (the parent kills it there)
@@ -49,6 +51,13 @@ def main() -> None:
             c[f"k{i}"] = f"v{i}"
             say(f"A {i}")
         c.flush()
+        return
+    if mode == "hold":
+        for i in range(100):
+            c[f"k{i}"] = f"v{i}"
+            say(f"A {i}")
+        say("S")
+        time.sleep(60)
         return
     i = 0
     while True:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -26,27 +24,14 @@ from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_a
 from durablekv import Cache
 from durablekv.errors import (CacheLockedError, ConfigError, NamespaceLockedError,
                               SchemaVersionError, StoreError, WriteBehindError)
-from .conftest import REPO, open_cache
-from .pg import PASSWORD, PgServer, pg_server
+from .conftest import open_cache
+from .pg import (pg_cache, DEADLINE, PASSWORD, PgServer, open_with_deadline, pg_server, read_until,
+                 store_rows, writer)
 from .test_cache_api import CacheVsDict
 
 psycopg = pytest.importorskip("psycopg") if os.environ.get(
     "DURABLEKV_REQUIRE_POSTGRES") != "1" else __import__("psycopg")
 
-DEADLINE = 30.0
-
-
-def pg_cache(path, pg, ns, **kw) -> Cache:
-    return open_cache(path, store=pg.url(), namespace=ns, **kw)
-
-
-def store_rows(pg, ns: str) -> tuple[dict[str, str], dict[str, str]]:
-    """``(meta, {key repr: page_id})`` of namespace ``ns`` as committed."""
-    with psycopg.connect(pg.url(), autocommit=True) as conn:
-        ns_id = conn.execute("SELECT ns_id FROM dkv_namespaces WHERE name = %s", (ns,)).fetchone()[0]
-        meta = dict(conn.execute("SELECT name, value FROM dkv_meta WHERE ns_id = %s", (ns_id,)))
-        keys = dict(conn.execute("SELECT key, page_id FROM dkv_keys WHERE ns_id = %s", (ns_id,)))
-    return meta, keys
 
 
 def store_check(pg, ns: str) -> list[str]:
@@ -146,42 +131,11 @@ def test_the_page_blobs_are_the_sqlite_stores_bytes(pg, pg_ns, tmp_path):
 # -- the flush transaction -----------------------------------------------------------------
 
 
-def _writer(directory, pg, ns, durability, mode) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, str(REPO / "tests" / "pg_writer.py"), str(directory),
-                             pg.url(), ns, durability, mode], stdout=subprocess.PIPE, text=True,
-                            env=env)
-
-
-def _read_until(proc, marker: str, acked: list[int]) -> None:
-    deadline = time.monotonic() + DEADLINE
-    for line in proc.stdout:
-        if line.startswith("A "):
-            acked.append(int(line.split()[1]))
-        elif line.strip() == marker:
-            return
-        assert time.monotonic() < deadline, f"no {marker!r} from the writer in {DEADLINE} s"
-    raise AssertionError(f"the writer ended (rc {proc.wait()}) before {marker!r}")
-
-
-def _open_with_deadline(path, pg, ns, **kw) -> Cache:
-    """Open once the dead owner's session is gone (PostgreSQL ends it when
-    it reads the closed socket), at most DEADLINE seconds."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        try:
-            return pg_cache(path, pg, ns, **kw)
-        except NamespaceLockedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def test_a_process_killed_before_commit_leaves_the_previous_flush_whole(pg, pg_ns, tmp_path):
-    proc = _writer(tmp_path / "c", pg, pg_ns, "fsync", "commit")
+    proc = writer(tmp_path / "c", pg, pg_ns, "fsync", "commit")
     acked: list[int] = []
     try:
-        _read_until(proc, "T", acked)
+        read_until(proc, "T", acked)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -192,7 +146,7 @@ def test_a_process_killed_before_commit_leaves_the_previous_flush_whole(pg, pg_n
     assert int(meta["key_count"]) == len(keys) == 200
     assert int(meta["checkpoint_lsn"]) == 200
     # the replay log holds the rest: reopening recovers every acknowledged set
-    with _open_with_deadline(tmp_path / "c", pg, pg_ns) as c:
+    with open_with_deadline(tmp_path / "c", pg, pg_ns) as c:
         assert c.recovered_records == 200
         assert all(c[f"k{i}"] == f"v{i}" for i in acked)
         c.flush()
@@ -247,10 +201,10 @@ def test_a_second_opener_of_a_namespace_is_refused(pg, pg_ns, tmp_path):
 
 
 def test_a_killed_owner_releases_the_namespace_and_the_next_opener_recovers(pg, pg_ns, tmp_path):
-    proc = _writer(tmp_path / "c", pg, pg_ns, "fsync", "run")
+    proc = writer(tmp_path / "c", pg, pg_ns, "fsync", "run")
     acked: list[int] = []
     try:
-        _read_until(proc, "open", acked)
+        read_until(proc, "open", acked)
         deadline = time.monotonic() + DEADLINE
         for line in proc.stdout:
             acked.append(int(line.split()[1]))
@@ -261,7 +215,7 @@ def test_a_killed_owner_releases_the_namespace_and_the_next_opener_recovers(pg, 
     finally:
         proc.kill()
     assert len(acked) >= 180
-    with _open_with_deadline(tmp_path / "c", pg, pg_ns) as c:
+    with open_with_deadline(tmp_path / "c", pg, pg_ns) as c:
         missing = [i for i in acked if c.get(f"k{i}") != f"v{i}"]
         assert missing == []
         c.flush()

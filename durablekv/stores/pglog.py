@@ -107,7 +107,9 @@ class PgReplayLog:
             try:
                 conn = self._connection()
                 with conn.transaction():
-                    return fn(conn)
+                    result = fn(conn)
+                self._after_commit(conn)
+                return result
             except _TakenOver as exc:
                 raise LogWriteError(self.store.path, OSError(
                     0, f"{what}: namespace taken over by another owner ({exc}); this "
@@ -124,6 +126,10 @@ class PgReplayLog:
             except psycopg.Error as exc:
                 raise LogWriteError(self.store.path, OSError(
                     0, str(self.store._error(what, exc)))) from None
+
+    def _after_commit(self, conn: Any) -> None:
+        """Runs after each commit (a seam: tests lose the connection here, so
+        that the commit's outcome is unknown to the caller)."""
 
     def _fenced_insert(self, rows: list[tuple[int, bytes]]) -> None:
         store = self.store

@@ -512,6 +512,7 @@ class PostgresPageStore:
                         (ns, [m[0] for m in meta], [str(m[1]) for m in meta]))
                     committing = True
                     self._before_commit()
+                self._after_commit()
             except psycopg.OperationalError as exc:
                 if not committing or not self._landed(seq):
                     raise
@@ -528,6 +529,10 @@ class PostgresPageStore:
     def _before_commit(self) -> None:
         """Runs inside the flush transaction just before COMMIT (a seam:
         crash tests stop the process here)."""
+
+    def _after_commit(self) -> None:
+        """Runs just after COMMIT returned (a seam: tests lose the connection
+        here, which is what a COMMIT whose answer never arrives looks like)."""
 
     def _landed(self, seq: int) -> bool:
         """After a COMMIT whose answer was lost: whether flush ``seq`` committed
