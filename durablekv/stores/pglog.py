@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import LogCorruptionError, LogWriteError
+from ..errors import LogCorruptionError, LogWriteError, StoreError
 from ..replaylog import RecoveryResult, ReplayLog, _parse_segment, encode_record
 
 log = logging.getLogger("durablekv.stores.pglog")
@@ -114,11 +114,14 @@ class PgReplayLog:
                 raise LogWriteError(self.store.path, OSError(
                     0, f"{what}: namespace taken over by another owner ({exc}); this "
                     "cache stops writing")) from None
-            except psycopg.OperationalError as exc:
+            except (psycopg.OperationalError, StoreError) as exc:
+                # (StoreError: a reconnect that failed; during a failover the
+                # standby is not yet promoted, or no host is up)
                 if time.monotonic() + delay > deadline:
                     raise LogWriteError(self.store.path, OSError(
                         0, f"{what} failed for {self.reconnect_timeout:g} s: "
-                        f"{self.store._error(what, exc)}")) from None
+                        f"{exc if isinstance(exc, StoreError) else self.store._error(what, exc)}"
+                    )) from None
                 log.warning("%s on %s: %s; reconnecting", what, self.store.path,
                             str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
                 time.sleep(delay)  # a lost server: back off before the next try

@@ -49,6 +49,7 @@ import contextlib
 import logging
 import math
 import os
+import time
 import uuid
 from typing import AbstractSet as Set
 from typing import Any, Container, Iterator, Sequence
@@ -74,6 +75,8 @@ LOCK_CLASS = 0x646B76  # "dkv"
 #: The migrations' own lock (a transaction lock, while a schema is created or upgraded).
 _MIGRATE_LOCK = (LOCK_CLASS, 0)
 URL_SCHEMES = ("postgresql://", "postgres://")
+#: After a lost connection, how long a reconnect tries to take the lock again.
+_RELOCK_SECONDS = 5.0
 
 _FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data FROM dkv_keys AS k "
              "LEFT JOIN dkv_pages AS p ON p.ns_id = k.ns_id AND p.page_id = k.page_id "
@@ -183,6 +186,10 @@ class PostgresPageStore:
         self._w: Any = None
         self._r: Any = None
         self.ns_id = 0
+        # a flush whose COMMIT lost its connection: (flush_seq, added keys,
+        # checkpoint_lsn, key_count, ttl_key_count, ttl_clock), until resolved
+        self._unknown: tuple | None = None
+        self._carry: list[bytes] = []  # added keys of such a flush that had landed
         try:
             self._w = self._connect()
             self._migrate()
@@ -284,13 +291,20 @@ class PostgresPageStore:
             return int(conn.execute("SELECT ns_id FROM dkv_namespaces WHERE name = %s",
                                     (self.namespace,)).fetchone()[0])
 
-    def _lock(self) -> None:
-        """Take the namespace's advisory lock on the write connection."""
+    def _lock(self, wait: float = 0.0) -> None:
+        """Take the namespace's advisory lock on the write connection, trying
+        for up to ``wait`` seconds (a reconnect: this owner's old session may
+        still be ending on the server)."""
         conn = self._w
+        deadline = time.monotonic() + wait
         with self._translate("namespace lock"):
-            if conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                            (LOCK_CLASS, self.ns_id)).fetchone()[0]:
-                return
+            while True:
+                if conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                (LOCK_CLASS, self.ns_id)).fetchone()[0]:
+                    return
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)  # the server ends a dead session on its own schedule
             row = conn.execute(
                 "SELECT a.application_name, a.client_addr, a.pid FROM pg_locks AS l "
                 "JOIN pg_stat_activity AS a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
@@ -363,13 +377,20 @@ class PostgresPageStore:
         conn = self._connect()
         self._w = conn
         try:
-            self._lock()
+            self._lock(wait=_RELOCK_SECONDS)
             seq = int(self._meta(conn).get("flush_seq", 0))
         except BaseException:
             self._w = None
             conn.close()
             raise
-        if seq != self._flush_seq:
+        pending, self._unknown = self._unknown, None
+        if pending is not None and seq == pending[0]:
+            # the COMMIT whose answer was lost had landed: adopt it
+            self._committed(*pending)
+            self._carry += pending[1]
+            log.warning("flush %d to %s had landed although its COMMIT lost the "
+                        "connection", seq, self.path)
+        elif seq != self._flush_seq:
             self._w = None
             conn.close()
             raise StoreError(
@@ -513,18 +534,38 @@ class PostgresPageStore:
                     committing = True
                     self._before_commit()
                 self._after_commit()
-            except psycopg.OperationalError as exc:
-                if not committing or not self._landed(seq):
+            except psycopg.OperationalError:
+                if not committing:
                     raise
-                log.warning("the commit of flush %d to %s lost its connection (%s) but had "
-                            "landed", seq, self.path, exc)
+                # The COMMIT's outcome is unknown: the next connection reads
+                # flush_seq to learn it (now if the server is back, else at the
+                # next flush), so that the flush is neither applied twice nor,
+                # when it landed, reported failed.
+                self._unknown = (seq, added, checkpoint_lsn, key_count, ttl_key_count, ttl_clock)
+                with contextlib.suppress(StoreError, psycopg.Error):
+                    self._w.close()
+                    self._writer()
+                if self._flush_seq != seq:
+                    raise
+                return self._take_carry()
+        self._committed(seq, [], checkpoint_lsn, key_count, ttl_key_count, ttl_clock)
+        return self._take_carry() + added
+
+    def _committed(self, seq: int, added: list[bytes], checkpoint_lsn: int, key_count: int,
+                   ttl_key_count: int, ttl_clock: tuple[float, float] | None) -> None:
+        """Record that flush ``seq`` committed with these values."""
         self._flush_seq = seq
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
         if ttl_clock is not None:
             self.ttl_clock = ttl_clock
-        return added
+
+    def _take_carry(self) -> list[bytes]:
+        """Keys added by an earlier flush found landed after its COMMIT lost
+        the connection: the caller's key filter must still learn them."""
+        carry, self._carry = self._carry, []
+        return carry
 
     def _before_commit(self) -> None:
         """Runs inside the flush transaction just before COMMIT (a seam:
@@ -533,28 +574,6 @@ class PostgresPageStore:
     def _after_commit(self) -> None:
         """Runs just after COMMIT returned (a seam: tests lose the connection
         here, which is what a COMMIT whose answer never arrives looks like)."""
-
-    def _landed(self, seq: int) -> bool:
-        """After a COMMIT whose answer was lost: whether flush ``seq`` committed
-        (reconnecting; the lock is taken again)."""
-        self._w.close()
-        self._w = None
-        conn = self._connect()
-        self._w = conn
-        try:
-            self._lock()  # the old session is gone, or going: it holds no lock
-        except BaseException:
-            self._w = None
-            conn.close()
-            raise
-        got = int(self._meta(conn).get("flush_seq", 0))
-        if got == seq:
-            return True
-        if got != seq - 1:
-            raise StoreError(f"page store {self.path} was taken over while a flush "
-                             f"committed (flush_seq {got}, expected {seq - 1} or {seq})",
-                             self.path)
-        return False
 
     def _write_pages(self, cur: Any, images: Sequence[PageImage], clear: bool,
                      held_pages: Set[int]) -> list[bytes]:
