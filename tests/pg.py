@@ -194,6 +194,60 @@ def pg_server(*settings: str):
         server.remove()
 
 
+@contextlib.contextmanager
+def pg_pair():
+    """``(primary, standby)``: a primary and a synchronous streaming standby
+    (``pg_basebackup`` of the primary, ``application_name=standby1``, listed
+    in the primary's ``synchronous_standby_names``), both stopped and removed
+    on exit. Returns once the standby's ``sync_state`` is ``sync``."""
+    with pg_server() as primary:
+        standby = PgServer()
+        try:
+            standby._tool("pg_basebackup", "-D", str(standby.data), "-d", primary.url(),
+                          "-X", "stream", "-c", "fast", "--no-sync", timeout=START_DEADLINE)
+            (standby.data / "standby.signal").touch()
+            if standby.as_user:
+                os.chown(standby.data / "standby.signal", standby.as_user["user"],
+                         standby.as_user["group"])
+            standby.start(f"primary_conninfo=host=127.0.0.1 port={primary.port} user=postgres "
+                          f"password={PASSWORD} application_name=standby1")
+            import psycopg
+            with psycopg.connect(primary.url(), autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby1'")
+                conn.execute("SELECT pg_reload_conf()")
+                deadline = time.monotonic() + START_DEADLINE
+                while sync_state(conn) != "sync":
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the standby did not become synchronous in "
+                                           f"{START_DEADLINE} s")
+                    time.sleep(0.05)
+            yield primary, standby
+        finally:
+            standby.remove()
+
+
+def sync_state(conn) -> str | None:
+    """The ``sync_state`` of standby1 as the primary on ``conn`` sees it."""
+    row = conn.execute("SELECT sync_state FROM pg_stat_replication "
+                       "WHERE application_name = 'standby1'").fetchone()
+    return None if row is None else row[0]
+
+
+def promote(standby: PgServer) -> None:
+    """Promote ``standby`` (``pg_ctl promote``, waiting until it accepts writes)."""
+    standby._tool("pg_ctl", "promote", "-w", "-t", str(int(START_DEADLINE)), "-D",
+                  str(standby.data), timeout=START_DEADLINE + 5)
+
+
+def fence(server: PgServer) -> None:
+    """Make sure a killed old primary cannot come back: its data directory
+    is moved aside, so no start can serve (and diverge from) the old data."""
+    server.kill()
+    server.proc = None
+    if server.data.exists():
+        server.data.rename(server.data.with_name("data.fenced"))
+
+
 # -- helpers for tests of caches on these servers ---------------------------------------
 
 #: seconds a test waits for a writer process or a dead owner's session

@@ -365,6 +365,27 @@ class PostgresPageStore:
             self._r = r = self._connect()
         return r
 
+    def _read(self, what: str, fn: Any) -> Any:
+        """``fn(read_connection)``; once more on a new connection when the
+        old one turns out to be lost (the server restarted, or failed over)."""
+        conn = self._reader()
+        try:
+            return fn(conn)
+        except psycopg.OperationalError as exc:
+            if not conn.broken:
+                raise self._error(what, exc) from exc
+        except psycopg.Error as exc:
+            raise self._error(what, exc) from exc
+        with self._translate(what):
+            return fn(self._reader())
+
+    def _fetch(self, what: str, sql: str, params: tuple, one: bool = False) -> Any:
+        """Rows of one read statement (see :meth:`_read`): all, or the first."""
+        def run(conn: Any) -> Any:
+            cur = conn.execute(sql, params)
+            return cur.fetchone() if one else cur.fetchall()
+        return self._read(what, run)
+
     def _writer(self) -> Any:
         """The write connection; if it was lost, a new one that holds the lock
         again and has checked that no other owner flushed meanwhile."""
@@ -407,15 +428,12 @@ class PostgresPageStore:
         """``(page_id, n_entries, blob)`` of the page holding canonical key
         ``ckey``, ``(page_id, None, None)`` when the index points at a missing
         page, or None."""
-        with self._translate("key lookup"):
-            return self._reader().execute(_FIND_SQL, (self.ns_id, ckey)).fetchone()
+        return self._fetch("key lookup", _FIND_SQL, (self.ns_id, ckey), one=True)
 
     def read_page(self, page_id: int) -> tuple[int, bytes] | None:
         """``(n_entries, blob)`` of a committed page, or None."""
-        with self._translate("page read"):
-            return self._reader().execute(
-                "SELECT n_entries, data FROM dkv_pages WHERE ns_id = %s AND page_id = %s",
-                (self.ns_id, page_id)).fetchone()
+        return self._fetch("page read", "SELECT n_entries, data FROM dkv_pages WHERE "
+                           "ns_id = %s AND page_id = %s", (self.ns_id, page_id), one=True)
 
     def pause_snapshot(self) -> None:
         """Nothing to do: every read is its own statement (autocommit)."""
@@ -427,28 +445,22 @@ class PostgresPageStore:
         """``{canonical key: page_id}`` for those of ``ckeys`` in the key index."""
         if not ckeys:
             return {}
-        with self._translate("key lookup"):
-            return dict(self._reader().execute(
-                "SELECT key, page_id FROM dkv_keys WHERE ns_id = %s AND key = ANY(%s)",
-                (self.ns_id, list(ckeys))).fetchall())
+        return dict(self._fetch("key lookup", "SELECT key, page_id FROM dkv_keys WHERE "
+                                "ns_id = %s AND key = ANY(%s)", (self.ns_id, list(ckeys))))
 
     def read_pages(self, page_ids: Sequence[int]) -> dict[int, tuple[int, bytes]]:
         """``{page_id: (n_entries, blob)}`` for those of ``page_ids`` that exist."""
         if not page_ids:
             return {}
-        with self._translate("page read"):
-            rows = self._reader().execute(
-                "SELECT page_id, n_entries, data FROM dkv_pages WHERE ns_id = %s "
-                "AND page_id = ANY(%s)", (self.ns_id, list(page_ids))).fetchall()
+        rows = self._fetch("page read", "SELECT page_id, n_entries, data FROM dkv_pages "
+                           "WHERE ns_id = %s AND page_id = ANY(%s)",
+                           (self.ns_id, list(page_ids)))
         return {pid: (n, data) for pid, n, data in rows}
 
     def scan_index(self) -> Iterator[tuple[bytes, bytes | None, int, float | None]]:
         """Every committed index row ``(key, orig, page_id, expire_at)``."""
-        with self._translate("index scan"):
-            rows = self._reader().execute(
-                "SELECT key, orig, page_id, expire_at FROM dkv_keys WHERE ns_id = %s",
-                (self.ns_id,)).fetchall()
-        return iter(rows)
+        return iter(self._fetch("index scan", "SELECT key, orig, page_id, expire_at FROM "
+                                "dkv_keys WHERE ns_id = %s", (self.ns_id,)))
 
     def iter_keys(self, batch: int = 10_000) -> Iterator[bytes]:
         """Every committed canonical key, read on the WRITE connection (the
@@ -464,34 +476,28 @@ class PostgresPageStore:
     def expired_by_page(self, now: float) -> list[tuple[int, int]]:
         """``(page_id, entries)`` for each committed page holding entries with
         ``expire_at <= now`` (epoch seconds)."""
-        with self._translate("expiry scan"):
-            return self._reader().execute(
-                "SELECT page_id, COUNT(*) FROM dkv_keys WHERE ns_id = %s AND "
-                "expire_at IS NOT NULL AND expire_at <= %s GROUP BY page_id",
-                (self.ns_id, now)).fetchall()
+        return self._fetch("expiry scan", "SELECT page_id, COUNT(*) FROM dkv_keys WHERE "
+                           "ns_id = %s AND expire_at IS NOT NULL AND expire_at <= %s "
+                           "GROUP BY page_id", (self.ns_id, now))
 
     def expired_pages(self, now: float, skip: Container[int], limit: int) -> list[int]:
         """Ids of up to ``limit`` committed pages, not in ``skip``, holding
         entries with ``expire_at <= now`` (epoch seconds)."""
         pids: list[int] = []
-        with self._translate("expiry scan"):
-            cur = self._reader().execute(
-                "SELECT DISTINCT page_id FROM dkv_keys WHERE ns_id = %s AND "
-                "expire_at IS NOT NULL AND expire_at <= %s", (self.ns_id, now))
-            for (pid,) in cur:
-                if pid not in skip:
-                    pids.append(pid)
-                    if len(pids) >= limit:
-                        break
-            cur.close()
+        for (pid,) in self._fetch("expiry scan", "SELECT DISTINCT page_id FROM dkv_keys WHERE "
+                                  "ns_id = %s AND expire_at IS NOT NULL AND expire_at <= %s",
+                                  (self.ns_id, now)):
+            if pid not in skip:
+                pids.append(pid)
+                if len(pids) >= limit:
+                    break
         return pids
 
     def any_key(self, exclude_pages: set[int]) -> tuple[bytes, bytes | None] | None:
         """Some committed ``(key, orig)`` on a page not in ``exclude_pages``, or None."""
-        with self._translate("index scan"):
-            row = self._reader().execute(
-                "SELECT key, orig FROM dkv_keys WHERE ns_id = %s AND "
-                "NOT (page_id = ANY(%s)) LIMIT 1", (self.ns_id, list(exclude_pages))).fetchone()
+        row = self._fetch("index scan", "SELECT key, orig FROM dkv_keys WHERE ns_id = %s AND "
+                          "NOT (page_id = ANY(%s)) LIMIT 1", (self.ns_id, list(exclude_pages)),
+                          one=True)
         return None if row is None else (row[0], row[1])
 
     # -- writes (batcher thread) ---------------------------------------------------
@@ -657,10 +663,8 @@ class PostgresPageStore:
 
     def size_bytes(self) -> int:
         """Bytes of this namespace's page blobs (one aggregate query, O(pages))."""
-        with self._translate("size query"):
-            return int(self._reader().execute(
-                "SELECT COALESCE(SUM(octet_length(data)), 0) FROM dkv_pages WHERE ns_id = %s",
-                (self.ns_id,)).fetchone()[0])
+        return int(self._fetch("size query", "SELECT COALESCE(SUM(octet_length(data)), 0) "
+                               "FROM dkv_pages WHERE ns_id = %s", (self.ns_id,), one=True)[0])
 
     def integrity_check(self) -> list[str]:
         """Check that the key index and the pages agree both ways and that the
