@@ -2,7 +2,8 @@
 promoted, and the cache goes on through its multi-host connection string
 with no acknowledged write lost (real servers: tests/pg.py ``pg_pair``).
 
-Once in the fast suite; 20 times in the stress suite.
+Once in the fast suite; 20 times in the stress suite, and 5 times each with
+the log in the directory (``fsync``, ``log``).
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ psycopg = pytest.importorskip("psycopg")
 WRITERS = 4
 
 
-def failover_run(tmp_path) -> dict:
+def failover_run(tmp_path, durability: str = "sync") -> dict:
     """One run; returns what it measured (acknowledged writes, the seconds
     from the kill to the first write acknowledged after the promotion)."""
     with pg_pair() as (primary, standby):
         url = (f"postgresql://postgres:{PASSWORD}@127.0.0.1:{primary.port},"
                f"127.0.0.1:{standby.port}/postgres?target_session_attrs=read-write")
-        c = Cache(tmp_path / "c", store=url, namespace="load", durability="sync",
+        c = Cache(tmp_path / "c", store=url, namespace="load", durability=durability,
                   page_size=4, max_pages=8, flush_interval=0.02, busy_timeout=2)
         acked: list[list[int]] = [[] for _ in range(WRITERS)]
         ack_times: list[float] = []
@@ -84,7 +85,7 @@ def failover_run(tmp_path) -> dict:
             c.close()
         # every acknowledged write is on the promoted standby: a new machine sees it
         with Cache(tmp_path / "elsewhere", store=standby.url(), namespace="load",
-                   durability="sync") as d:
+                   durability=durability) as d:
             lost = [(w, i) for w in range(WRITERS) for i in acked[w] if d.get(f"w{w}-{i}") != i]
             assert lost == []
             assert len(d) == total()
@@ -100,3 +101,11 @@ def test_failover_to_the_synchronous_standby_loses_no_acknowledged_write(tmp_pat
 @pytest.mark.parametrize("run", range(20))
 def test_failover_twenty_times(tmp_path, run):
     failover_run(tmp_path)
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("run", range(5))
+@pytest.mark.parametrize("durability", ["fsync", "log"])
+def test_failover_with_the_log_in_the_directory(tmp_path, durability, run):
+    """The local log holds the writes; flush commits wait for the standby."""
+    failover_run(tmp_path, durability)
