@@ -289,6 +289,19 @@ def read_until(proc, marker: str, acked: list[int]) -> None:
     raise AssertionError(f"the writer ended (rc {proc.wait()}) before {marker!r}")
 
 
+def kill_at(proc, marker: str) -> list[int]:
+    """SIGKILL the writer ``proc`` when it prints ``marker``; the indices it
+    had acknowledged by then."""
+    acked: list[int] = []
+    try:
+        read_until(proc, marker, acked)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    return acked
+
+
 def open_with_deadline(path, pg, ns, **kw):
     """Open once the dead owner's session is gone (PostgreSQL ends it when
     it reads the closed socket), at most DEADLINE seconds."""

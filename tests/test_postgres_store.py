@@ -25,8 +25,8 @@ from durablekv import Cache
 from durablekv.errors import (CacheLockedError, ConfigError, NamespaceLockedError,
                               SchemaVersionError, StoreError, WriteBehindError)
 from .conftest import open_cache
-from .pg import (pg_cache, DEADLINE, PASSWORD, PgServer, open_with_deadline, pg_server, read_until,
-                 store_rows, writer)
+from .pg import (DEADLINE, PASSWORD, PgServer, kill_at, open_with_deadline, pg_cache, pg_server,
+                 read_until, store_rows, writer)
 from .test_cache_api import CacheVsDict
 
 psycopg = pytest.importorskip("psycopg") if os.environ.get(
@@ -132,14 +132,7 @@ def test_the_page_blobs_are_the_sqlite_stores_bytes(pg, pg_ns, tmp_path):
 
 
 def test_a_process_killed_before_commit_leaves_the_previous_flush_whole(pg, pg_ns, tmp_path):
-    proc = writer(tmp_path / "c", pg, pg_ns, "fsync", "commit")
-    acked: list[int] = []
-    try:
-        read_until(proc, "T", acked)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        proc.kill()
+    acked = kill_at(writer(tmp_path / "c", pg, pg_ns, "fsync", "commit"), "T")
     assert acked == list(range(400))
     meta, keys = store_rows(pg, pg_ns)
     # exactly the first flush: no key of the half-written second one

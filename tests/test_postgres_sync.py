@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import threading
 import time
 
@@ -26,7 +25,7 @@ import pytest
 from durablekv import Cache
 from durablekv.errors import (CacheFailedError, ConfigError, LogCorruptionError,
                               LogWriteError)
-from .pg import DEADLINE, open_with_deadline, pg_cache, pg_server, read_until, writer
+from .pg import DEADLINE, kill_at, open_with_deadline, pg_cache, pg_server, writer
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -34,14 +33,7 @@ psycopg = pytest.importorskip("psycopg")
 def _kill_after_hold(directory, pg, ns, durability) -> list[int]:
     """Run the writer in "hold" mode, SIGKILL it once it has 100 acknowledged
     sets (none flushed), return the acknowledged indices."""
-    proc = writer(directory, pg, ns, durability, "hold")
-    acked: list[int] = []
-    try:
-        read_until(proc, "S", acked)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        proc.kill()
+    acked = kill_at(writer(directory, pg, ns, durability, "hold"), "S")
     assert acked == list(range(100))
     return acked
 
