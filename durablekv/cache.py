@@ -423,7 +423,7 @@ class Cache(MutableMapping):
               segment_bytes) -> None:
         self.store_rebuilds = 0
         try:
-            self._store = (_pgwire.open_store(self._store_url, self.namespace,
+            self._store = (_pgwire.open_store(self._store_url, self.namespace, self.path,
                                               durability=self.durability, page_size=page_size,
                                               serializer=self._codec.name,
                                               connect_timeout=busy_timeout)

@@ -306,3 +306,22 @@ def test_a_server_that_disappears_mid_flush_keeps_writes_in_the_log(tmp_path):
         with open_cache(tmp_path / "c", store=server.url(), namespace="n") as c:
             assert [c.get(i) for i in range(100)] == list(range(100))
             c.flush()
+
+
+def test_a_directory_whose_log_belongs_to_another_store_is_refused(pg, pg_ns, tmp_path):
+    """Its records after the checkpoint would be replayed into the wrong namespace."""
+    c = pg_cache(tmp_path / "c", pg, pg_ns)
+    c["x"] = "from the first namespace"
+    c._teardown(clean=False)  # as a killed process leaves it: the log holds x
+    with pytest.raises(ConfigError, match=rf"belongs to namespace '{pg_ns}' .*not to namespace "
+                       rf"'{pg_ns}-b'"):
+        pg_cache(tmp_path / "c", pg, pg_ns + "-b")
+    with pg_cache(tmp_path / "c", pg, pg_ns) as c:  # its own namespace recovers it
+        assert c["x"] == "from the first namespace"
+    with pg_cache(tmp_path / "c", pg, pg_ns + "-b") as c:  # closed cleanly: no log left
+        assert c.get("x") is None
+    lite = open_cache(tmp_path / "lite")
+    lite["y"] = 1
+    lite._teardown(clean=False)
+    with pytest.raises(ConfigError, match="belongs to the SQLite store pages.sqlite3"):
+        pg_cache(tmp_path / "lite", pg, pg_ns + "-c")

@@ -16,8 +16,10 @@ share one database):
   (format: :mod:`durablekv.store`), opaque to PostgreSQL (bytea);
 * ``dkv_keys(ns_id, key, page_id, expire_at, orig)``: the key index;
 * ``dkv_meta(ns_id, name, value)``: as the SQLite store's ``meta``, plus
-  ``flush_seq``, the number of flush transactions committed, and ``owner``,
-  a token the current owner wrote when it took the namespace;
+  ``flush_seq``, the number of flush transactions committed, ``owner``, a
+  token the current owner wrote when it took the namespace, and
+  ``namespace_uuid``, fixed at creation (a cache directory records it in
+  its ``STORE`` file, see :mod:`durablekv.pgwire`);
 * ``dkv_log(ns_id, lsn, record)``: the replay log of ``durability="sync"``
   (see :mod:`durablekv.stores.pglog`).
 
@@ -340,9 +342,12 @@ class PostgresPageStore:
                     "ON CONFLICT DO NOTHING",
                     [(self.ns_id, n, str(v)) for n, v in
                      (("page_size", self.page_size), ("serializer", serializer),
+                      ("namespace_uuid", uuid.uuid4().hex),
                       ("checkpoint_lsn", 0), ("key_count", 0), ("ttl_key_count", 0),
                       ("flush_seq", 0))])
+            self.namespace_uuid = self._meta(conn)["namespace_uuid"]
             return
+        self.namespace_uuid = stored.get("namespace_uuid", "")
         self.page_size = int(stored["page_size"])
         self.serializer = stored.get("serializer", "safe")
         if page_size is not None and page_size != self.page_size:
