@@ -27,8 +27,10 @@ import logging
 import math
 import operator
 import os
+import shutil
 import struct
 import sysconfig
+import tempfile
 import threading
 import time
 import warnings
@@ -36,8 +38,9 @@ import weakref
 from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
 from itertools import count, repeat
 from numbers import Number
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from ._perms import DIR_MODE, FILE_MODE
 from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .keyfilter import KeyFilter
@@ -286,8 +289,10 @@ class _Snapshot:
 class Cache(MutableMapping):
     """A persistent key/value cache: memory-speed reads, writes that survive a crash.
 
-    :param directory: the cache directory (created if missing). Holds
-        ``pages.sqlite3``, ``replay-*.log`` segments and ``LOCK``.
+    :param directory: the cache directory (created if missing, mode 0700).
+        Holds ``pages.sqlite3``, ``replay-*.log`` segments and ``LOCK``. None
+        (or omitted): a new temporary directory, removed with everything in it
+        by :meth:`close` (diskcache's ``Cache()``); ``path`` names it.
     :param page_size: slots per page; fixed when the store is created. None
         adopts the stored value (16 for a new store); a different explicit
         value raises :class:`ConfigError`.
@@ -347,7 +352,8 @@ class Cache(MutableMapping):
     these raise ``TypeError``; share the object between threads instead.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, page_size: int | None = None,
+    def __init__(self, directory: str | os.PathLike | None = None, *,
+                 page_size: int | None = None,
                  max_pages: int = 4096, flush_interval: float = 0.05,
                  flush_batch_pages: int = 64, durability: str = "log",
                  name: str | None = None, clock: Callable[[], float] | None = None,
@@ -357,16 +363,14 @@ class Cache(MutableMapping):
                  busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
                  store: str | None = None, namespace: str | None = None) -> None:
         self._state = _CLOSED
-        if not isinstance(directory, (str, os.PathLike)):
+        self._temporary = directory is None
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"the cache directory must be a path (str or os.PathLike), not "
                             f"{type(directory).__name__} {directory!r}; pass the directory's "
                             "path, e.g. Cache('var/cache')")
-        if not os.fspath(directory):
+        if directory is not None and not os.fspath(directory):
             raise ConfigError("the cache directory is an empty path; name a directory "
                               "(use '.' for the current one)")
-        path = os.path.abspath(os.fspath(directory))
-        self.path = path
-        self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
         _check_config(page_size=page_size, max_pages=max_pages, flush_interval=flush_interval,
                       flush_batch_pages=flush_batch_pages, durability=durability,
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
@@ -376,7 +380,14 @@ class Cache(MutableMapping):
         self._store_url, self.namespace = store, namespace
         if clock is not None:
             _check_clock(clock)
-        self._codec = _codec.codec_by_name(serializer)
+        codec = _codec.codec_by_name(serializer)
+        if directory is None:
+            # checked settings first: a refused one leaves no directory behind
+            directory = tempfile.mkdtemp(prefix="durablekv-")  # 0700
+        path = os.path.abspath(os.fspath(directory))
+        self.path = path
+        self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
+        self._codec = codec
         self.durability = durability
         # a write waits for its log record: fsynced, or committed in PostgreSQL ("sync")
         self._sync_writes = durability in ("fsync", "sync")
@@ -393,7 +404,9 @@ class Cache(MutableMapping):
             raise ConfigError(f"cache directory {path!r} is a file, not a directory; "
                               "name a directory (it is created if missing)")
         try:
-            os.makedirs(path, exist_ok=True)
+            # private (0700) when created here; an existing directory keeps
+            # the mode its owner gave it (see docs/files.md)
+            os.makedirs(path, mode=DIR_MODE, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
         try:
@@ -415,6 +428,7 @@ class Cache(MutableMapping):
                        segment_bytes)
         except BaseException:
             self._teardown(clean=False)
+            self._remove_if_temporary()
             raise
 
     # -- opening and recovery ------------------------------------------------------
@@ -1195,7 +1209,8 @@ class Cache(MutableMapping):
             self._check_open()
             return self._ref(key) is not None
 
-    def set(self, key: Any, value: Any, expire: float | None = None) -> None:
+    def set(self, key: Any, value: Any, expire: float | None = None, *,
+            tag: Any = None) -> None:
         """Store ``value`` under ``key``.
 
         :param expire: seconds from now (float) after which the entry is gone;
@@ -1207,6 +1222,7 @@ class Cache(MutableMapping):
         :raises LogWriteError: the replay log could not be written; nothing
             was stored.
         :raises CacheClosedError, CacheFailedError: closed or failed cache.
+        :raises TypeError: ``tag`` given: entries carry no tag (see :meth:`evict`).
 
         Durability: returns once the log record is in the OS (``log``),
         fsynced (``fsync``), or only in memory (``none``); SQLite gets the
@@ -1214,6 +1230,8 @@ class Cache(MutableMapping):
         """
         if expire is not None:
             expire = _check_expire(expire)
+        if tag is not None:
+            raise _tags_refused("set(..., tag=...)")
         if type(key) is str and type(value) is bytes and self._codec.name == "safe":
             # The common entry, encoded inline (_encode_entry's steps, no calls).
             kb = key.encode("utf-8", "surrogatepass")
@@ -1344,7 +1362,8 @@ class Cache(MutableMapping):
         if self._tier.pending >= self.max_pending_pages:
             self._backpressure()
 
-    def add(self, key: Any, value: Any, expire: float | None = None) -> bool:
+    def add(self, key: Any, value: Any, expire: float | None = None, *,
+            tag: Any = None) -> bool:
         """Store ``value`` under ``key`` only if no live entry is there (an
         expired one does not count); return True if it was stored.
 
@@ -1356,7 +1375,10 @@ class Cache(MutableMapping):
         :raises TypeError, ValueError: as for :meth:`set`; ValueError for
             ``expire=0``.
         :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
+        :raises TypeError: ``tag`` given (see :meth:`evict`).
         """
+        if tag is not None:
+            raise _tags_refused("add(..., tag=...)")
         if expire is not None:
             expire = _check_expire(expire)
             if expire == 0:
@@ -1500,6 +1522,47 @@ class Cache(MutableMapping):
         if self._sync_writes:
             self._sync(lsn)
         return value
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        """Return the value of a live ``key``; if there is none, store
+        ``default`` under it (no TTL) and return ``default``.
+
+        Atomic, one step under the cache lock as :meth:`add` is: of many
+        threads calling ``setdefault`` on the same missing key, exactly one
+        stores its default and every caller gets that one stored value (the
+        inherited ``MutableMapping.setdefault`` looked up, then stored, and
+        two callers could each be told their default was stored).
+
+        :raises TypeError, ValueError: as for :meth:`set` (``default`` is
+            checked even when the key is present).
+        :raises LogWriteError, CacheClosedError, CacheFailedError: as for :meth:`set`.
+        """
+        kb, vb, held, nbytes = self._encode_entry(key, default)
+        with self._lock:
+            self._open_for_writes()
+            ref = self._ref(key)
+            if ref is not None:
+                page, slot, _ = ref
+                return self._codec.from_memory(page.values[slot])
+            lsn = self._logged_set(key, kb, vb, held, None, None, nbytes)
+        if self.durability == "fsync":
+            self._sync(lsn)
+        return default
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
+        """``dict.update``: store each pair of ``other`` (a mapping, or an
+        iterable of ``(key, value)`` pairs) and of ``kwargs``, in order.
+
+        Each pair is one :meth:`set` (logged and applied atomically); the
+        update as a whole is not one step, so a reader may see some of the
+        pairs before the rest. Nothing is read and then written back, so no
+        concurrent write is lost.
+
+        :raises TypeError, ValueError, LogWriteError, CacheClosedError,
+            CacheFailedError: as for :meth:`set`; pairs before the failing
+            one stay stored.
+        """
+        MutableMapping.update(self, other, **kwargs)
 
     def popitem(self) -> tuple[Any, Any]:
         """Remove and return some ``(key, value)``; KeyError when empty."""
@@ -1813,12 +1876,34 @@ class Cache(MutableMapping):
         return None
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterate over a snapshot of the keys taken when iteration starts.
+        """Iterate over the keys live when iteration starts (also ``keys()``).
 
-        Reads and writes during iteration never break it; keys deleted
-        meanwhile may still be yielded (it is a snapshot).
+        Reads and writes during iteration never break it. A key deleted (or
+        expired) during the iteration is not yielded after its deletion, so
+        ``for k in cache: cache[k]`` never raises KeyError for a key the loop
+        itself removed; keys added meanwhile are not yielded. Each key is
+        checked again, without disturbing the LRU, only when a write has come
+        since the snapshot (the LSN moved) or entries carry a TTL. The lock
+        is never held across a ``yield``.
+
+        :raises CacheClosedError: the cache was closed during the iteration.
         """
-        return iter(self._snapshot_keys())
+        with self._lock:
+            lsn = self._last_lsn
+        # the snapshot now (a closed cache raises here), the checks as it is walked
+        return self._live_keys(self._snapshot_keys(), lsn)
+
+    def _live_keys(self, keys: list[Any], lsn: int) -> Iterator[Any]:
+        """:meth:`__iter__`'s walk of snapshot ``keys`` taken at LSN ``lsn``."""
+        for key in keys:
+            with self._lock:
+                self._check_open()
+                if self._last_lsn != lsn or self._ttl_count:
+                    entry = self._scan_lookup(key, self._now())
+                    if entry is None:
+                        continue
+                    key = entry[0]
+            yield key
 
     def keys(self) -> KeysView:
         return KeysView(self)
@@ -1859,7 +1944,8 @@ class Cache(MutableMapping):
             self._batcher.flush_until(target, timeout)
 
     def close(self) -> None:
-        """Flush, checkpoint, remove the replay log, release the directory.
+        """Flush, checkpoint, remove the replay log, release the directory
+        (and remove it, with everything in it, for a temporary ``Cache()``).
 
         Idempotent. When the final flush fails the log is kept (nothing
         acknowledged is lost; the next open replays it) and the error is raised.
@@ -1878,11 +1964,17 @@ class Cache(MutableMapping):
             except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
                 error = exc
         self._teardown(clean=error is None and not failed)
+        self._remove_if_temporary()
         if isinstance(error, WriteBehindError):
             # The batcher's message says the pages are retried; not after close.
             raise WriteBehindError.at_close(self.path, error.cause, self.durability) from error
         if error is not None:
             raise error
+
+    def _remove_if_temporary(self) -> None:
+        """Remove the temporary directory of ``Cache()`` (no directory given)."""
+        if self._temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def _teardown(self, clean: bool) -> None:
         if _open_caches.get(id(self)) is self:
@@ -2006,58 +2098,102 @@ class Cache(MutableMapping):
 
     # -- memoize -------------------------------------------------------------------------
 
-    def memoize(self, expire: float | None = None, *, name: str | None = None) -> Callable:
+    def memoize(self, expire: float | None = None, *, name: str | None = None,
+                ignore: Iterable[int | str] = (), key: Callable[..., Any] | None = None,
+                tag: Any = None) -> Callable:
         """Decorator caching a function's results in this cache.
 
-        The cache key is ``("durablekv.memoize", name, args, sorted kwargs)``;
-        arguments and results must be storable (else ``TypeError``). Concurrent
-        callers with the same arguments share one call (single flight); an
-        exception is not cached and is raised to every caller that waited for it.
-        The function runs with no cache lock held.
+        The cache key is ``("durablekv.memoize", name, args, sorted kwargs)``
+        (``("durablekv.memoize", name, key(*args, **kwargs))`` with ``key=``);
+        it and the results must be storable (else ``TypeError``, naming the
+        argument and the fix). Concurrent callers with the same key share one
+        call (single flight); an exception is not cached and is raised to
+        every caller that waited for it. The function runs with no cache lock
+        held.
 
         Use as ``@cache.memoize(expire=60)``, or bare as ``@cache.memoize``
-        (no TTL), as with ``functools.lru_cache``.
+        (no TTL), as with ``functools.lru_cache``. On a method, ``self``
+        cannot be part of a key: ``@cache.memoize(ignore={0})`` leaves it out
+        (every instance then shares the results, as diskcache's
+        ``memoize(ignore=...)`` does), or ``key=lambda self, x: (self.id, x)``
+        names the instance (as cachetools' ``key=`` does).
+
+        The wrapper has ``cache_key(*args, **kwargs)`` (the key a call would
+        use; diskcache's ``__cache_key__``) and ``cache_clear()`` (remove
+        every cached result of this function; returns how many; cachetools'
+        and ``functools.lru_cache``'s name). ``cache_clear()`` walks the keys
+        of the whole cache once.
 
         :param expire: TTL of cached results in seconds (None: never).
         :param name: key prefix; default the function's module and qualified name.
+        :param ignore: positions (int) and keyword names (str) of arguments
+            left out of the key (diskcache's ``ignore``); a keyword argument is
+            left out by name only.
+        :param key: ``key(*args, **kwargs)`` returning the key part for a
+            call (a storable value), instead of the arguments themselves;
+            not with ``ignore``.
+        :param tag: not supported (see :meth:`evict`): ``TypeError``.
+        :raises TypeError: ``ignore`` holds something other than ints >= 0
+            and str; ``key`` is not callable; both are given; ``tag`` given.
+        :raises ValueError: ``expire`` negative, NaN or infinite.
         """
+        if tag is not None:
+            raise _tags_refused("memoize(tag=...)")
         if callable(expire):  # bare @cache.memoize: expire is the function
-            return self.memoize(name=name)(expire)
+            return self.memoize(name=name, ignore=ignore, key=key)(expire)
         _check_expire(expire)
+        left_out = _check_ignore(ignore)
+        if key is not None and not callable(key):
+            raise TypeError(f"memoize(key=...) takes a function of the call's arguments "
+                            f"returning its key, not {type(key).__qualname__} {key!r:.60}")
+        if key is not None and left_out:
+            raise TypeError("memoize() takes key= or ignore=, not both: leave the arguments "
+                            "out in the key function itself")
 
         def decorator(func: Callable) -> Callable:
             prefix = name or f"{func.__module__}.{func.__qualname__}"
             inflight: dict[Any, _Flight] = {}
             flights = threading.Lock()
 
+            def key_of(args: tuple, kwargs: dict) -> Any:
+                if key is not None:
+                    return ("durablekv.memoize", prefix, key(*args, **kwargs))
+                if left_out:
+                    args = tuple(a for i, a in enumerate(args) if i not in left_out)
+                    kwargs = {k: v for k, v in kwargs.items() if k not in left_out}
+                return ("durablekv.memoize", prefix, args, tuple(sorted(kwargs.items())))
+
             @functools.wraps(func)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                key = ("durablekv.memoize", prefix, args, tuple(sorted(kwargs.items())))
+                ck = key_of(args, kwargs)
                 try:
-                    value = self.get(key, _MISSING)
+                    value = self.get(ck, _MISSING)
                     if value is _MISSING:
-                        # A miss runs func and stores its result under key:
+                        # A miss runs func and stores its result under the key:
                         # refuse a key no write takes first (a lookup with an
                         # IntEnum argument finds an equal int's result, as a
                         # dict would, but a miss must not run func in vain).
-                        _codec.check_key(key)
+                        _codec.check_key(ck)
                 except TypeError as exc:
-                    raise _memoize_key_error(prefix, args, kwargs, key, exc) from exc
+                    if key is not None:
+                        raise TypeError(f"memoized {prefix}(): key= returned {ck[2]!r:.60}, "
+                                        f"which cannot be a cache key: {exc}") from exc
+                    raise _memoize_key_error(prefix, args, kwargs, ck, exc, left_out) from exc
                 if value is not _MISSING:
                     return value
                 with flights:
-                    flight = inflight.get(key)
+                    flight = inflight.get(ck)
                     leader = flight is None
                     if leader:
-                        flight = inflight[key] = _Flight()
+                        flight = inflight[ck] = _Flight()
                 if not leader:
                     return flight.wait()
                 try:
-                    value = self._peek(key)
+                    value = self._peek(ck)
                     if value is _MISSING:
                         value = func(*args, **kwargs)
                         try:
-                            self.set(key, value, expire=expire)
+                            self.set(ck, value, expire=expire)
                         except TypeError as exc:
                             raise TypeError(f"memoized {prefix}() returned a result that cannot "
                                             f"be cached: {exc}") from exc
@@ -2069,13 +2205,40 @@ class Cache(MutableMapping):
                     return value
                 finally:
                     with flights:
-                        inflight.pop(key, None)
+                        inflight.pop(ck, None)
 
-            wrapper.cache_key = lambda *a, **kw: ("durablekv.memoize", prefix, a,  # type: ignore[attr-defined]
-                                                  tuple(sorted(kw.items())))
+            def cache_clear() -> int:
+                removed = 0
+                for k in self:
+                    if type(k) is tuple and len(k) >= 2 and k[0] == "durablekv.memoize" \
+                            and k[1] == prefix and self.delete(k):
+                        removed += 1
+                return removed
+
+            wrapper.cache_key = lambda *a, **kw: key_of(a, kw)  # type: ignore[attr-defined]
+            wrapper.cache_clear = cache_clear  # type: ignore[attr-defined]
             return wrapper
 
         return decorator
+
+    def evict(self, tag: Any) -> int:
+        """Not supported: durablekv entries carry no tag (diskcache's
+        ``evict(tag)``). Always raises.
+
+        :raises TypeError: always, saying what to do instead.
+        """
+        raise _tags_refused(f"evict({tag!r:.40})")
+
+    def volume(self) -> int:
+        """Bytes the cache takes on disk now: ``pages.sqlite3``, its WAL, and
+        the replay log's segments (diskcache's ``volume()``). Thread-safe.
+
+        :raises CacheClosedError: the cache is closed.
+        """
+        with self._lock:
+            self._check_open()
+            store, log_ = self._store, self._log
+        return store.size_bytes() + (log_.size_bytes() if log_ is not None else 0)
 
     def _peek(self, key: Any) -> Any:
         with self._lock:
@@ -2189,8 +2352,34 @@ def _key_too_long(kb: bytes) -> ValueError:
                       "limit on keys; use a shorter key (e.g. a hash of it)")
 
 
+def _tags_refused(what: str) -> TypeError:
+    return TypeError(
+        f"{what}: durablekv does not store tags with entries (diskcache's tag=/evict(tag)); "
+        "put the group in the key instead, e.g. cache[('user', 42)] = v, and remove a group "
+        "with: for k in cache: if k[0] == 'user': cache.delete(k) (a memoized function's "
+        "results: f.cache_clear())")
+
+
+def _check_ignore(ignore: Any) -> frozenset:
+    """``memoize(ignore=...)`` as a frozenset of ints >= 0 and strs."""
+    if isinstance(ignore, (str, int)):
+        ignore = (ignore,)
+    try:
+        left_out = frozenset(ignore)
+    except TypeError:
+        raise TypeError(f"memoize(ignore=...) takes argument positions (int) and keyword "
+                        f"names (str), e.g. ignore={{0}} for a method's self; got "
+                        f"{ignore!r:.60}") from None
+    bad = [x for x in left_out
+           if not (type(x) is str or (type(x) is int and x >= 0))]
+    if bad:
+        raise TypeError(f"memoize(ignore=...) takes argument positions (int >= 0) and keyword "
+                        f"names (str), e.g. ignore={{0}} for a method's self; got {bad[0]!r}")
+    return left_out
+
+
 def _memoize_key_error(prefix: str, args: tuple, kwargs: dict, key: Any,
-                       exc: TypeError) -> TypeError:
+                       exc: TypeError, left_out: frozenset = frozenset()) -> TypeError:
     """The TypeError for a memoized call whose arguments cannot be a cache
     key: which function, which argument, and why. ``exc`` itself when the
     key is fine (the TypeError came from elsewhere, e.g. decoding a value)."""
@@ -2200,15 +2389,18 @@ def _memoize_key_error(prefix: str, args: tuple, kwargs: dict, key: Any,
         pass
     else:
         return exc
-    return TypeError(_memoize_key_message(prefix, args, kwargs, exc))
+    return TypeError(_memoize_key_message(prefix, args, kwargs, exc, left_out))
 
 
-def _memoize_key_message(prefix: str, args: tuple, kwargs: dict, exc: TypeError) -> str:
+def _memoize_key_message(prefix: str, args: tuple, kwargs: dict, exc: TypeError,
+                          left_out: frozenset = frozenset()) -> str:
     ordinals = {1: "1st", 2: "2nd", 3: "3rd"}
-    named = [(f"its {ordinals.get(i + 1, f'{i + 1}th')} positional argument", a)
+    named = [(f"its {ordinals.get(i + 1, f'{i + 1}th')} positional argument", a, i, None)
              for i, a in enumerate(args)]
-    named += [(f"its argument {k}=", v) for k, v in sorted(kwargs.items())]
-    for label, value in named:
+    named += [(f"its argument {k}=", v, None, k) for k, v in sorted(kwargs.items())]
+    for label, value, i, name in named:
+        if (i if i is not None else name) in left_out:
+            continue  # not part of the key
         try:
             _codec.check_key(value)
         except TypeError as why:
@@ -2218,7 +2410,11 @@ def _memoize_key_message(prefix: str, args: tuple, kwargs: dict, exc: TypeError)
                     type(value) not in (str, int, float, bytes, tuple):
                 fix = ""  # a subclass: the key error already says to pass the plain value
             else:
-                fix = "; pass a value of one of those types"
+                where = i if i is not None else name
+                fix = (f"; pass a value of one of those types, or leave it out of the key: "
+                       f"@cache.memoize(ignore={{{where!r}}}) (a method's self: every instance "
+                       "then shares the results), or key=a function of the arguments that "
+                       "returns a storable key")
             return (f"memoized {prefix}(): {label} ({value!r:.60}) cannot be part of a cache "
                     f"key: {why}{fix}")
     return f"memoized {prefix}(): its arguments cannot be a cache key: {exc}"
@@ -2359,7 +2555,7 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
 
 def _acquire_dir_lock(path: str) -> int:
     lock_path = os.path.join(path, LOCK_FILE)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

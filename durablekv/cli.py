@@ -486,18 +486,30 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         # an existing store says what it holds; a new cache gets the default
         serializer = (_stored_serializer(directory) if os.path.isdir(directory) else None) \
             or "safe"
+    json_failed: list[str] = []
+
     def report_ready(report: dict[str, Any]) -> None:
-        # The JSON file first: a closed stdout (`| head`) must not lose it.
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(report, f, indent=2)
-                f.write("\n")
+        # The report first: a long replay's results must reach the terminal
+        # even when the JSON file cannot be written (its directory removed
+        # meanwhile, a full disk); a closed stdout (`| head`) is caught, so
+        # the JSON is still written after it.
         try:
             _print_report(report)
             sys.stdout.flush()
         except BrokenPipeError:
             # The reader left; Python would report the pipe again at exit.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if args.json:
+            path = os.path.abspath(args.json)
+            try:
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(report, f, indent=2)
+                    f.write("\n")
+            except OSError as exc:
+                json_failed.append(path)
+                print(f"durablekv: the replay finished (report above), but its JSON report "
+                      f"could not be written to {path!r}: {exc.strerror or exc}; pass "
+                      "--json a path in a writable directory", file=sys.stderr)
 
     try:
         replay(trace, directory, page_size=args.page_size, max_pages=args.max_pages,
@@ -510,7 +522,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return 1 if json_failed else 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

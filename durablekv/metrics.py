@@ -8,11 +8,13 @@ set costs no metric object, and importing :mod:`durablekv` does not import
 prometheus_client (only importing this module does).
 
 Nothing here registers anything in prometheus_client's global ``REGISTRY``:
-the application registers the collector where it wants it, or calls
+the application registers its caches where it wants them, or calls
 :func:`serve`, which uses a registry of its own::
 
-    from durablekv.metrics import CacheCollector, serve
-    registry.register(CacheCollector(cache, other))   # one collector, several caches
+    from durablekv.metrics import register, serve, unregister
+    register(registry, cache)        # each part of an application, for the cache it opened
+    register(registry, other)        # joins the same collector: one family per metric
+    unregister(registry, cache)      # the collector leaves the registry with its last cache
     server = serve(cache, port=9109, addr="127.0.0.1")
     server.port, server.url; server.close()           # port=0 picks a free port
 
@@ -29,6 +31,7 @@ name (quotes, backslashes, newlines) scrapes as valid text format.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Iterator, NamedTuple
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -45,7 +48,8 @@ from prometheus_client.utils import floatToGoString
 from durablekv.errors import CacheClosedError
 from durablekv.stats import CacheStats, HistogramSnapshot
 
-__all__ = ["CacheCollector", "MetricsServer", "serve", "METRIC_FAMILIES"]
+__all__ = ["CacheCollector", "MetricsServer", "serve", "register", "unregister",
+           "METRIC_FAMILIES"]
 
 
 class _Family(NamedTuple):
@@ -254,6 +258,73 @@ class CacheCollector:
         kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
                  "histogram": HistogramMetricFamily}
         return [hits] + [kinds[f.type](f.name, f.help, labels=["cache"]) for f in _SIMPLE]
+
+
+#: The one collector :func:`register` keeps in each registry (weakly: a
+#: registry that goes away takes its entry with it).
+_shared: "weakref.WeakKeyDictionary[Any, CacheCollector]" = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()  # guards _shared, and each register/unregister as one step
+
+
+def register(registry: Any, *caches: Any) -> CacheCollector:
+    """Export ``caches`` in ``registry``; the one registration call that cannot collide.
+
+    Each registry gets one shared :class:`CacheCollector`, made and
+    registered by the first call; later calls (from any part of the
+    application, for the cache it opened) add their caches to it. So the
+    exposition has one family per metric name, with the ``cache`` label
+    telling the caches apart. (Two separate ``CacheCollector`` objects in
+    one registry would describe the same families, which prometheus_client
+    refuses as "Duplicated timeseries".) Registering a cache already
+    exported there is a no-op.
+
+    :param registry: a :class:`prometheus_client.CollectorRegistry` (e.g.
+        ``prometheus_client.REGISTRY``: the application chooses).
+    :param caches: :class:`durablekv.Cache` objects (see :class:`CacheCollector`).
+    :returns: the registry's shared collector.
+    :raises ValueError: an open cache with the same ``name`` is exported in
+        this registry already (caches before it in ``caches`` stay
+        registered); or a ``CacheCollector`` registered directly with
+        ``registry.register()`` already exposes the families.
+    :raises TypeError: one of ``caches`` is not a cache.
+
+    Thread-safe.
+    """
+    with _shared_lock:
+        collector = _shared.get(registry)
+        if collector is None:
+            collector = CacheCollector()
+            try:
+                registry.register(collector)
+            except ValueError as exc:
+                raise ValueError(
+                    f"the registry already holds a CacheCollector registered with "
+                    f"registry.register() ({exc}); register every cache of a registry "
+                    "with durablekv.metrics.register(registry, cache), or add it to that "
+                    "collector with collector.add(cache)") from exc
+            _shared[registry] = collector
+        for cache in caches:
+            collector.add(cache)
+    return collector
+
+
+def unregister(registry: Any, *caches: Any) -> None:
+    """Stop exporting ``caches`` in ``registry`` (see :func:`register`).
+
+    When no open cache is left, the shared collector leaves the registry,
+    so a later :func:`register` starts afresh. Caches never registered
+    there are ignored. A cache that is closed needs no unregister (a scrape
+    skips it), but unregistering it is harmless. Thread-safe.
+    """
+    with _shared_lock:
+        collector = _shared.get(registry)
+        if collector is None:
+            return
+        for cache in caches:
+            collector.remove(cache)
+        if not any(not c.closed for c in collector.caches):
+            registry.unregister(collector)
+            del _shared[registry]
 
 
 class MetricsServer:

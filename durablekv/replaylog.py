@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
+from ._perms import FILE_MODE
 from .errors import LogCorruptionError, LogError, LogWriteError
 
 __all__ = ["ReplayLog", "LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC"]
@@ -616,7 +617,7 @@ class ReplayLog:
             raise LogError(f"replay log segment {path!r} already holds records; refusing to "
                            f"reuse LSN {first_lsn} (this is a bug: please report it)")
         self._sealed = [s for s in self._sealed if s[0] != path]
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, FILE_MODE)
         try:
             self._write_all(fd, MAGIC, path)
             if self.durability == "fsync":

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import AbstractSet as Set
 from typing import Any, Container, Iterator, Sequence
 
+from ._perms import FILE_MODE
 from .errors import ConfigError, CorruptStoreError, HeldKeyError, SchemaVersionError, StoreError
 from .replaylog import _fsync_dir
 
@@ -397,7 +398,8 @@ def _nonempty(path: str) -> bool:
 def mark_damaged(path: str, detail: str) -> None:
     """Record that the store at ``path`` was found damaged (best effort)."""
     try:
-        with open(path + ".damaged", "a", encoding="utf-8") as f:
+        with open(path + ".damaged", "a", encoding="utf-8",
+                  opener=lambda p, flags: os.open(p, flags, FILE_MODE)) as f:
             f.write(detail.replace("\n", " ") + "\n")
     except OSError:
         log.error("could not write the damage marker beside %s", path)
@@ -514,6 +516,9 @@ class SQLitePageStore:
         for stale in (tmp, tmp + "-journal"):
             if os.path.exists(stale):
                 os.unlink(stale)
+        # Created private (0600) before SQLite opens it: SQLite gives its
+        # -journal, -wal and -shm files the mode of the database file.
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
             self._w = conn  # rollback journal here; _connect switches to WAL

@@ -224,14 +224,19 @@ def test_iteration_is_a_snapshot_under_writes(cache, restart):
     if restart:
         cache = reopen(cache)
     seen = []
+    deleted: set = set()
     for i, k in enumerate(cache):
         seen.append(k)
         # delete a key not yet yielded, add new keys, overwrite one
         if i < 10:
             cache.delete(keys[-1 - i])
+            deleted.add(keys[-1 - i])
         cache[f"new{i}"] = i
         cache[keys[0]] = i
-    assert sorted(seen) == sorted(keys)
+        # a key deleted during the loop is never yielded after its deletion
+        assert k not in deleted or k == keys[-1 - i]
+    assert set(seen) == set(keys) - deleted | (set(seen) & deleted)
+    assert not set(seen) & {f"new{i}" for i in range(25)}
     assert len(seen) == len(set(seen))
     if restart:
         cache.close()
@@ -875,7 +880,7 @@ CacheVsDict.TestCase.settings = settings(max_examples=40, stateful_step_count=30
 TestCacheVsDict = CacheVsDict.TestCase
 
 
-@pytest.mark.parametrize("directory", [5, None, b"var/cache", ["var", "cache"]])
+@pytest.mark.parametrize("directory", [5, b"var/cache", ["var", "cache"]])  # None: a temporary one
 def test_a_directory_that_is_not_a_path_is_a_type_error_naming_it(directory):
     with pytest.raises(TypeError, match=r"must be a path \(str or os.PathLike\), not "
                                         + type(directory).__name__ + r" .*Cache\('var/cache'\)"):
@@ -1189,3 +1194,162 @@ def test_a_scan_reports_a_stored_page_holding_a_key_memory_holds(tmp_path):
         assert c._tier.table.get("k0") is None and c.get("k0") == b"x" * 30  # p1 resident
         with pytest.raises(CorruptStoreError, match="holds key 'k0', which lives in another"):
             list(c.items())
+
+
+# -- iteration and deletes (issue: keys() yielded deleted keys) ---------------------
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["live", "restart"])
+def test_for_k_in_cache_reading_each_key_survives_deletes_in_the_loop(cache, restart):
+    keys = [f"k{i:02}" for i in range(40)]
+    for k in keys:
+        cache[k] = k.upper()
+    if restart:
+        cache = reopen(cache)
+    try:
+        order = list(cache)
+        assert sorted(order) == keys
+        seen = []
+        for k in cache:
+            # the common loop: read each key, and delete keys still to come
+            assert cache[k] == k.upper()
+            seen.append(k)
+            later = order[len(seen):]
+            if later:
+                del cache[later[-1]]  # the last one still to come
+                order.remove(later[-1])
+        assert seen == order and len(seen) == 20
+        # keys() is the same walk
+        for k in cache.keys():
+            cache.delete(k)
+            assert k not in cache
+        assert len(cache) == 0 and list(cache) == []
+    finally:
+        if restart:
+            cache.close()
+
+
+def test_iteration_skips_a_key_that_expired_meanwhile(tmp_path, shape):
+    clock = Clock()
+    with opened(tmp_path / "c", clock=clock, **shape) as c:
+        for i in range(10):
+            c.set(i, i, expire=10 if i % 2 else None)
+        seen = []
+        for k in c:
+            if not seen:
+                clock.now += 20
+            seen.append(k)
+            assert c[k] == k
+        assert sorted(seen[1:]) == [i for i in range(10) if i % 2 == 0 and i != seen[0]]
+
+
+def test_iter_of_a_closed_cache_raises_at_once(tmp_path):
+    c = open_cache(tmp_path / "c")
+    c["a"] = 1
+    it = iter(c)
+    c.close()
+    with pytest.raises(CacheClosedError):
+        iter(c)
+    with pytest.raises(CacheClosedError):
+        next(it)
+
+
+# -- setdefault is one step (issue: it was the inherited lookup-then-store) ---------
+
+
+def test_setdefault_racing_callers_all_get_the_one_stored_value(tmp_path, monkeypatch):
+    """Every thread misses before any stores: the inherited setdefault (get,
+    then set) then tells each its own default was stored."""
+    n = 6
+    with opened(tmp_path / "c") as c:
+        gate = threading.Barrier(n, timeout=5)
+        real_get = c.get
+
+        def get_then_wait(key, default=None):
+            value = real_get(key, default)
+            try:
+                gate.wait()  # only the inherited lookup-then-store gets here
+            except threading.BrokenBarrierError:
+                pass
+            return value
+
+        monkeypatch.setattr(c, "get", get_then_wait)
+        got = [None] * n
+        run_threads(lambda i: got.__setitem__(i, c.setdefault("k", f"default-{i}")), n)
+        assert len(set(got)) == 1, got
+        assert c["k"] == got[0]
+
+
+def test_setdefault_under_threads_on_many_keys(tmp_path, shape):
+    n, keys = 4, 300
+    with opened(tmp_path / "c", **shape) as c:
+        got = [[None] * keys for _ in range(n)]
+        start = threading.Barrier(n)
+
+        def work(i):
+            start.wait()
+            for k in range(keys):
+                got[i][k] = c.setdefault(k, (i, k))
+        run_threads(work, n)
+        for k in range(keys):
+            assert len({got[i][k] for i in range(n)}) == 1
+            assert c[k] == got[0][k]
+        assert len(c) == keys
+
+
+def test_setdefault_checks_and_keeps_ttl_semantics(tmp_path):
+    clock = Clock()
+    with opened(tmp_path / "c", clock=clock) as c:
+        c.set("t", "old", expire=5)
+        assert c.setdefault("t", "new") == "old"
+        clock.now += 10
+        assert c.setdefault("t", "new") == "new"  # the expired entry does not count
+        assert c["t"] == "new"
+        with pytest.raises(TypeError):
+            c.setdefault("x", object())
+        with pytest.raises(TypeError):
+            c.setdefault(["list"], 1)
+        assert "x" not in c
+
+
+def test_the_key_limit_the_readme_states(tmp_path):
+    """README: an encoded key is at most 1 MiB; a str key takes its UTF-8
+    bytes plus 5."""
+    from durablekv.cache import MAX_KEY_BYTES
+    assert MAX_KEY_BYTES == 1 << 20
+    with opened(tmp_path / "c") as c:
+        longest = "k" * (MAX_KEY_BYTES - 5)
+        c[longest] = 1
+        assert c[longest] == 1
+        with pytest.raises(ValueError, match="limit on keys; use a shorter key"):
+            c[longest + "k"] = 2
+        with pytest.raises(ValueError, match="limit on keys"):
+            c.setdefault(longest + "k", 2)
+        assert len(c) == 1
+
+
+def test_pop_and_popitem_under_threads_hand_each_entry_to_one_caller(tmp_path, shape):
+    """The other read-modify-writes a dict offers are one step too: of racing
+    pops of one key exactly one gets the value; racing popitems hand out
+    every entry exactly once."""
+    n = 4
+    with opened(tmp_path / "c", **shape) as c:
+        c.update({k: k * 10 for k in range(200)})
+        start = threading.Barrier(n)
+        popped: list = [[] for _ in range(n)]
+
+        def pop_all(i):
+            start.wait()
+            for k in range(100):
+                got = c.pop(k, None)
+                if got is not None:
+                    popped[i].append((k, got))
+            while True:
+                try:
+                    popped[i].append(c.popitem())
+                except KeyError:
+                    return
+        run_threads(pop_all, n)
+        every = sorted(p for ps in popped for p in ps)
+        assert every == [(k, k * 10) for k in range(200)]
+        assert len(c) == 0

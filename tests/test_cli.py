@@ -471,3 +471,30 @@ def test_checks_advice_for_a_damage_marker_is_a_command_that_works(tmp_path, cap
     assert main(["salvage", "--on-corruption", "rebuild", str(d)]) == 0
     capsys.readouterr()
     assert main(["check", str(d)]) == 0
+
+
+def test_a_json_report_that_cannot_be_written_still_prints_the_report(tmp_path, monkeypatch,
+                                                                      capsys):
+    """The --json directory goes away during the replay: the report is
+    printed, then one message names the real path and the reason; exit 1."""
+    from durablekv import cli
+    out_dir = tmp_path / "reports"
+    out_dir.mkdir()
+    real_replay = cli.replay
+
+    def replay_after_the_directory_went(*a, **kw):
+        out_dir.rmdir()
+        return real_replay(*a, **kw)
+
+    monkeypatch.setattr(cli, "replay", replay_after_the_directory_went)
+    monkeypatch.chdir(tmp_path)
+    rc = main(["replay", "--requests", "2000", "--keys", "200", "--no-progress",
+               "--json", "reports/r.json"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "hit ratio" in captured.out.lower()  # the report came first
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert str(out_dir / "r.json") in err
+    assert "could not be written" in err and "No such file or directory" in err
+    assert "no such file:" not in err

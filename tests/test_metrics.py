@@ -601,3 +601,70 @@ def test_a_busy_port_is_an_oserror_that_names_the_port_and_the_fix(tmp_path):
         with serve(cache, port=0) as server:  # the advice works
             assert server.port != port
             scrape(server.url)
+
+
+# -- register(): caches opened by different parts of an application -----------------
+
+
+def _families_by_name(text: str) -> dict:
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names)), f"a family appears twice: {names}"
+    return {f.name: f for f in families}
+
+
+def test_two_parts_registering_their_own_cache_share_one_family_per_metric(tmp_path):
+    from durablekv import Cache
+    from durablekv.metrics import register, unregister
+
+    registry = CollectorRegistry()
+    a = Cache(tmp_path / "a", name="sessions", flush_interval=30)
+    b = Cache(tmp_path / "b", name="pages", flush_interval=30)
+    try:
+        first = register(registry, a)    # one part of the application
+        second = register(registry, b)   # another part, with the cache it opened
+        assert first is second and first.caches == (a, b)
+        assert register(registry, a) is first and first.caches == (a, b)  # no-op
+        a["x"] = 1
+        a.get("x")
+        b.get("nope")
+        text = generate_latest(registry).decode()
+        fams = _families_by_name(text)
+        assert {n for n, *_ in METRIC_FAMILIES} <= set(fams)
+        for name, family in fams.items():
+            assert {s.labels["cache"] for s in family.samples} == {"sessions", "pages"}, name
+        hits = {(s.labels["cache"], s.labels["tier"]): s.value
+                for s in fams["durablekv_hits"].samples if s.name.endswith("_total")}
+        assert hits[("sessions", "memory")] == 1 and hits[("pages", "memory")] == 0
+        # the OpenMetrics form is valid too (its parser is strict about families)
+        from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+        om_names = [f.name for f in parse_openmetrics(om_latest(registry).decode())]
+        assert len(om_names) == len(set(om_names)) and "durablekv_hits" in om_names
+
+        unregister(registry, a)
+        fams = _families_by_name(generate_latest(registry).decode())
+        assert {s.labels["cache"] for s in fams["durablekv_misses"].samples} == {"pages"}
+        unregister(registry, b)  # the last cache: the collector leaves the registry
+        assert "durablekv_" not in generate_latest(registry).decode()
+        again = register(registry, b)  # and a later register starts afresh
+        assert again is not first and again.caches == (b,)
+        b.close()  # a closed cache is skipped, and may still be unregistered
+        assert "cache=" not in generate_latest(registry).decode()
+        unregister(registry, b)
+        unregister(registry, b)  # harmless
+    finally:
+        a.close()
+        b.close()
+
+
+def test_register_refuses_a_second_cache_of_the_same_name_and_names_the_fix(tmp_path):
+    from durablekv.metrics import register
+
+    registry = CollectorRegistry()
+    register(registry, StubCache("same"))
+    with pytest.raises(ValueError, match="give each open cache its own name="):
+        register(registry, StubCache("same"))
+    other = CollectorRegistry()
+    other.register(CacheCollector(StubCache("x")))
+    with pytest.raises(ValueError, match=r"durablekv.metrics.register\(registry, cache\)"):
+        register(other, StubCache("y"))

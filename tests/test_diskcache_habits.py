@@ -1,0 +1,208 @@
+"""What a diskcache or cachetools user reaches for first: each works, or is
+refused with a TypeError that says what to do instead.
+
+memoize on a method (``ignore=``, ``key=``), ``cache_clear()``/``cache_key``,
+``Cache()`` with no directory, ``volume()``, and ``tag=``/``evict(tag)``
+(refused: entries carry no tag; see docs/diskcache.md).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from durablekv import Cache
+
+from .conftest import opened, run_threads
+
+
+class Repo:
+    """A class whose instances cannot be part of a key (as most cannot)."""
+
+    def __init__(self, cache: Cache, ident: int) -> None:
+        self.ident = ident
+        self.calls: list = []
+        self.cache = cache
+
+
+def test_a_memoized_method_without_ignore_or_key_names_the_fix(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        class Users:
+            @cache.memoize
+            def load(self, user_id):
+                return {"id": user_id}
+        with pytest.raises(TypeError) as info:
+            Users().load(1)
+        msg = str(info.value)
+        assert "its 1st positional argument (<" in msg and "cannot be part of a cache key" in msg
+        assert "@cache.memoize(ignore={0})" in msg and "key=" in msg
+        assert len(cache) == 0
+
+
+def test_memoize_ignore_leaves_self_out_of_the_key(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        calls = []
+
+        class Users:
+            @cache.memoize(ignore={0, "verbose"})
+            def load(self, user_id, verbose=False):
+                calls.append(user_id)
+                return {"id": user_id}
+        a, b = Users(), Users()
+        assert a.load(1) == {"id": 1} and a.load(1) == {"id": 1}
+        assert b.load(1, verbose=True) == {"id": 1}  # shared by every instance, as documented
+        assert calls == [1]
+        name = f"{Users.load.__module__}.{Users.load.__qualname__}"
+        assert Users.load.cache_key(a, 1, verbose=True) == ("durablekv.memoize", name, (1,), ())
+        assert list(cache) == [("durablekv.memoize", name, (1,), ())]
+
+
+def test_memoize_key_function_names_the_instance(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        calls = []
+
+        class Users:
+            def __init__(self, tenant):
+                self.tenant = tenant
+
+            @cache.memoize(key=lambda self, user_id: (self.tenant, user_id))
+            def load(self, user_id):
+                calls.append((self.tenant, user_id))
+                return f"{self.tenant}/{user_id}"
+        a, b = Users("a"), Users("b")
+        assert [a.load(1), a.load(1), b.load(1)] == ["a/1", "a/1", "b/1"]
+        assert calls == [("a", 1), ("b", 1)]
+        assert Users.load.cache_key(a, 1)[2] == ("a", 1)
+        bad = Users(object())
+        with pytest.raises(TypeError, match=r"key= returned \(<object object"):
+            bad.load(2)
+
+
+def test_memoize_refuses_bad_ignore_and_key_with_the_fix(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        with pytest.raises(TypeError, match=r"ignore=\{0\} for a method's self; got -1"):
+            cache.memoize(ignore={-1})
+        with pytest.raises(TypeError, match="got 1.5"):
+            cache.memoize(ignore=[1.5])
+        with pytest.raises(TypeError, match="not both"):
+            cache.memoize(ignore={0}, key=lambda *a: a)
+        with pytest.raises(TypeError, match="function of the call's arguments"):
+            cache.memoize(key="id")
+        assert cache.memoize(ignore=0)(lambda self, x: x).cache_key(object(), 3)[2] == (3,)
+
+
+def test_an_ignored_argument_is_never_blamed(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        @cache.memoize(ignore={0})
+        def f(conn, query):
+            return query
+        with pytest.raises(TypeError, match=r"its 2nd positional argument \(\[1\]\)"):
+            f(object(), [1])
+
+
+def test_cache_clear_removes_only_that_functions_results(tmp_path):
+    with opened(tmp_path / "c", page_size=2, max_pages=2) as cache:
+        @cache.memoize
+        def square(x):
+            return x * x
+
+        @cache.memoize
+        def cube(x):
+            return x ** 3
+        for i in range(10):
+            square(i)
+            cube(i)
+        cache["plain"] = 1
+        cache[("durablekv.memoize",)] = 2  # looks a little like a memoize key
+        assert square.cache_clear() == 10
+        assert square.cache_clear() == 0
+        assert len(cache) == 12 and cache["plain"] == 1
+        assert all(cache.get(cube.cache_key(i)) == i ** 3 for i in range(10))
+        assert cache.get(square.cache_key(3)) is None
+
+
+def test_memoize_tag_is_refused_with_what_to_do(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        with pytest.raises(TypeError, match=r"does not store tags.*cache_clear\(\)"):
+            cache.memoize(tag="users")
+
+
+# -- Cache() with no directory -------------------------------------------------------
+
+
+def test_cache_with_no_directory_is_temporary_and_removed_at_close():
+    cache = Cache()
+    path = cache.path
+    try:
+        assert os.path.isdir(path) and os.path.basename(path).startswith("durablekv-")
+        assert os.stat(path).st_mode & 0o777 == 0o700
+        cache["a"] = b"x" * 1000
+        cache.flush()
+        assert os.path.exists(os.path.join(path, "pages.sqlite3"))
+    finally:
+        cache.close()
+    assert not os.path.exists(path)
+    cache.close()  # still idempotent
+    with Cache(None) as other:
+        assert other.path != path
+    assert not os.path.exists(other.path)
+
+
+def test_a_named_directory_is_never_removed(tmp_path):
+    with Cache(tmp_path / "c") as cache:
+        cache["a"] = 1
+    assert (tmp_path / "c" / "pages.sqlite3").exists()
+
+
+def test_a_temporary_cache_that_fails_to_open_leaves_no_directory(tmp_path, monkeypatch):
+    made = []
+    real = __import__("tempfile").mkdtemp
+
+    def mkdtemp(**kw):
+        made.append(real(**kw))
+        return made[-1]
+    monkeypatch.setattr("durablekv.cache.tempfile.mkdtemp", mkdtemp)
+    with pytest.raises(Exception):
+        Cache(page_size=0)
+    with pytest.raises(Exception):
+        Cache(max_value_bytes=-1)
+    assert made == []  # the settings are checked before the directory is made
+
+
+# -- volume() ------------------------------------------------------------------------
+
+
+def test_volume_is_the_bytes_on_disk(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        empty = cache.volume()
+        for i in range(2000):
+            cache[i] = os.urandom(200)
+        logged = cache.volume()
+        d = tmp_path / "c"
+
+        def on_disk():
+            return sum(os.path.getsize(d / n) for n in os.listdir(d)
+                       if n == "pages.sqlite3" or n == "pages.sqlite3-wal"
+                       or n.startswith("replay-"))
+        assert logged == on_disk() and logged > empty + 2000 * 200
+        cache.flush()
+        assert cache.volume() == on_disk() >= 2000 * 200
+    with pytest.raises(Exception, match="closed"):
+        cache.volume()
+
+
+# -- tag= and evict(tag): refused ----------------------------------------------------
+
+
+def test_tags_are_refused_with_what_to_do_instead(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        for call in (lambda: cache.set("k", 1, tag="users"),
+                     lambda: cache.add("k", 1, tag="users"),
+                     lambda: cache.evict("users")):
+            with pytest.raises(TypeError) as info:
+                call()
+            assert "does not store tags" in str(info.value)
+            assert "put the group in the key" in str(info.value)
+        assert "k" not in cache
