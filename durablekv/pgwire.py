@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ._perms import FILE_MODE
 from .errors import ConfigError
 from .replaylog import _fsync_dir, list_segments
 from .store import STORE_FILE
@@ -114,7 +115,8 @@ def bind_directory(directory: str, store: Any) -> None:
             "cache's writes in. Open the directory with the store its log belongs to (a "
             "clean close() empties the log), or use a new directory")
     tmp = path + ".new"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "w", encoding="utf-8",
+              opener=lambda p, flags: os.open(p, flags, FILE_MODE)) as f:
         f.write(line)
         f.flush()
         os.fsync(f.fileno())

@@ -312,6 +312,7 @@ def test_a_directory_whose_log_belongs_to_another_store_is_refused(pg, pg_ns, tm
     """Its records after the checkpoint would be replayed into the wrong namespace."""
     c = pg_cache(tmp_path / "c", pg, pg_ns)
     c["x"] = "from the first namespace"
+    assert os.stat(tmp_path / "c" / "STORE").st_mode & 0o777 == 0o600  # private, as LOCK
     c._teardown(clean=False)  # as a killed process leaves it: the log holds x
     with pytest.raises(ConfigError, match=rf"belongs to namespace '{pg_ns}' .*not to namespace "
                        rf"'{pg_ns}-b'"):
