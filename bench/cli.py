@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
         "in this one process run, interleaved round-robin within each repetition, and reports "
         "the median and the spread. Writes JSON, a markdown table, PNG plots and (with --doc) "
         "docs/performance.md.",
-        epilog="Reproduce the published numbers: pip install -e '.[bench]' && python -m bench "
+        epilog="`python -m bench server --help`: the HTTP server's load bench. "
+        "Reproduce the published numbers: pip install -e '.[bench]' && python -m bench "
         "--out docs/bench/results.json --table docs/bench/results.md --doc docs/performance.md")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
@@ -79,6 +80,10 @@ def _rel(path: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["server"]:
+        # `python -m bench server`: the HTTP server under load (bench/server.py)
+        from . import server
+        return server.main((sys.argv[1:] if argv is None else list(argv))[1:])
     args = build_parser().parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]

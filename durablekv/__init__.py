@@ -8,9 +8,11 @@ into a SQLite page store. See README.md and docs/architecture.md.
 from .cache import Cache
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
-                     LogCorruptionError, LogError, LogWriteError, MetricsServeError,
-                     NamespaceLockedError,
+                     LogCorruptionError, LogError, LogFileGoneError, LogWriteError,
+                     MetricsServeError, NamespaceLockedError,
                      SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
+from .errors import (RemoteAuthError, RemoteError, RemoteTypeError, RemoteValueError,
+                     ServerUnavailableError)
 from .stats import CacheStats
 
 __version__ = "0.1.0"
@@ -30,10 +32,16 @@ __all__ = [
     "HeldKeyError",
     "LogError",
     "LogCorruptionError",
+    "LogFileGoneError",
     "LogWriteError",
     "WriteBehindError",
     "FlushTimeoutError",
     "TraceFormatError",
     "MetricsServeError",
+    "RemoteError",
+    "RemoteAuthError",
+    "RemoteValueError",
+    "RemoteTypeError",
+    "ServerUnavailableError",
     "__version__",
 ]

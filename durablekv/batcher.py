@@ -63,7 +63,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from .errors import FlushTimeoutError, HeldKeyError, WriteBehindError
+from .errors import FlushTimeoutError, HeldKeyError, LogFileGoneError, WriteBehindError
 from .stats import FLUSH_PAGES_BUCKETS, FLUSH_SECONDS_BUCKETS, Histogram
 
 __all__ = ["WriteBehindBatcher", "Batch"]
@@ -199,6 +199,8 @@ class WriteBehindBatcher:
             None waits for success or for the first failure.
         :raises WriteBehindError: (``timeout`` None) a cycle failed.
         :raises FlushTimeoutError: (``timeout`` given) not done in time.
+        :raises LogFileGoneError: the commit is done, but the log's active
+            segment was deleted while open (see ``ReplayLog.gone``).
         """
         monotonic = _REAL[0]
         deadline = None if timeout is None else monotonic() + timeout
@@ -221,6 +223,10 @@ class WriteBehindBatcher:
                 self._urgent = True
                 self._wake.set()
                 self._cond.wait(remaining)
+        gone = getattr(self._log, "gone", None)
+        if gone is not None:
+            # committed, but the log lost its active segment: say so at every flush
+            raise gone
 
     # -- the thread ----------------------------------------------------------------
 
@@ -254,7 +260,7 @@ class WriteBehindBatcher:
                     last_sync = monotonic()
                     try:
                         self._log.sync()
-                    except OSError as exc:
+                    except (OSError, LogFileGoneError) as exc:  # (the next cycle raises it)
                         log.error("fsync of the replay log of %s failed: %r", self._path, exc)
                 continue
             self._cooling = False
@@ -296,8 +302,19 @@ class WriteBehindBatcher:
         self._cycle()
 
     def _cycle(self) -> None:
+        gone: LogFileGoneError | None = None
         if self._log is not None and self._sync_log:
-            self._log.sync()
+            try:
+                self._log.sync()
+            except LogFileGoneError as exc:
+                # The store is now the only durable copy of what memory
+                # holds: commit it, then report the loss of the log.
+                gone = exc
+        self._cycle_commit()
+        if gone is not None:
+            raise gone
+
+    def _cycle_commit(self) -> None:
         snap = self._source.take_snapshot()
         if snap is None:
             return

@@ -45,20 +45,25 @@ from . import codec as _codec
 from .batcher import Batch, WriteBehindBatcher
 from .keyfilter import KeyFilter
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
-                     CorruptStoreError, LogWriteError, StoreError, WriteBehindError)
+                     CorruptStoreError, LogCorruptionError, LogWriteError, StoreError,
+                     WriteBehindError)
 from . import pages as _pages
 from .pages import EMPTY, HAS_TTL, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
-from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments
+from .replaylog import (OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments,
+                        locate_record)
 from .stats import CacheStats, HistogramSnapshot
 from . import pgwire as _pgwire
-from .store import (ASCII_KEYS, INT_KEYS, RAW_BYTES, STORE_FILE, PageImage, SQLitePageStore,
-                    encode_columns, encode_page, mark_damaged, page_columns, split_page)
+from .store import (ASCII_KEYS, INT_KEYS, PAGE_SIZE_MAX, RAW_BYTES, STORE_FILE, PageImage,
+                    SQLitePageStore, encode_columns, encode_page, mark_damaged, page_columns,
+                    split_page)
 
 __all__ = ["Cache"]
 
 log = logging.getLogger("durablekv")
 
 _MISSING: Any = object()
+#: What :meth:`Cache._get_nowait` returns when only a waiting call can answer.
+NOWAIT_UNSURE: Any = object()
 
 
 _STR, _BYTES = {str}, {bytes}
@@ -519,7 +524,12 @@ class Cache(MutableMapping):
             self._batcher.start()
             recovered = len(result.records)
             if recovered:
-                self._replay(result.records)
+                try:
+                    self._replay(result.records)
+                except (ValueError, TypeError, IndexError) as exc:
+                    # a record whose CRC holds but whose key or value does not
+                    # decode (hand-made, or nested past MAX_NESTING)
+                    raise self._undecodable_record(result.records, exc) from exc
             self._sweep_on = True
             # Free the records before the collector runs again: it then
             # walks only what the memory tier keeps.
@@ -582,6 +592,22 @@ class Cache(MutableMapping):
             self._absent = _MISSING
             if len(self._tier.dirty) >= self.flush_batch_pages:
                 self._batcher.kick()
+
+    def _undecodable_record(self, records: list[tuple], exc: Exception) -> LogCorruptionError:
+        """The :class:`LogCorruptionError` for the first of ``records`` whose
+        key or value cannot be decoded (``exc``: what replaying them raised)."""
+        for lsn, op, kb, vb, _exp in records:
+            try:
+                _codec.decode_key(kb)
+                if op == OP_SET:
+                    self._codec.decode(vb)
+            except (ValueError, TypeError, IndexError) as bad:
+                path, offset = locate_record(self.path, lsn)
+                return LogCorruptionError(path, offset, f"record LSN {lsn} has a CRC that "
+                                          f"checks out but cannot be decoded: {bad}")
+        path, offset = locate_record(self.path, records[0][0])
+        return LogCorruptionError(path, offset, f"the records from LSN {records[0][0]} cannot "
+                                  f"be replayed: {exc}")
 
     def _replay_keys(self, records: list[tuple], has_deletes: bool, lsn: int,
                      now: float) -> None:
@@ -878,6 +904,10 @@ class Cache(MutableMapping):
         from_blob = self._codec.memory_form_from_blob
         decode_key = _codec.decode_key
         try:
+            if type(n) is not int or not 0 < n <= self.page_size:
+                # before anything is decoded: a blob of any size costs no more
+                raise ValueError(f"its row says {n!r} entries, not 1 to page_size "
+                                 f"{self.page_size}")
             if data[:2] == b"\xff\xff":
                 slots, expires, flags, keys, values = page_columns(data)
                 if not flags & (ASCII_KEYS | INT_KEYS):
@@ -1146,40 +1176,44 @@ class Cache(MutableMapping):
     def _get_locked(self, key: Any, default: Any) -> Any:
         """:meth:`get` under the lock: expiry, page faults, misses."""
         with self._lock:
-            if self._state is not _OPEN:
-                self._check_open()
-            try:
-                ref = self._table.get(key)
-            except TypeError:
-                _codec.check_key(key)  # the same TypeError as set() gives
-                raise
-            if ref is not None:
-                page, slot, _ = ref
-                exp = page.expires[slot]
-                if exp is not None and self._now() >= exp:
-                    self._expire(key)
-                    self._misses += 1
-                    return default
-                if page.state == RESIDENT:
-                    page.stamp = next(self._ticks)
-                    self._tier.locked_ticks += 1
-                    self._memory_hits += 1
-                else:
-                    self._tier.fault_pending(page)
-                    self._store_hits += 1
-                v = page.values[slot]
-                return v if type(v) is not _Frozen else self._codec.decode(v.blob)
-            # Not in the page table: _ref's steps without its second lookup.
-            ref = self._locate(key)
-            if ref is not None:
-                page, slot, _ = ref
-                exp = page.expires[slot]
-                if exp is None or self._now() < exp:
-                    self._store_hits += 1
-                    return self._codec.from_memory(page.values[slot])
+            return self._get_held(key, default)
+
+    def _get_held(self, key: Any, default: Any) -> Any:
+        """:meth:`_get_locked`'s work, the lock held."""
+        if self._state is not _OPEN:
+            self._check_open()
+        try:
+            ref = self._table.get(key)
+        except TypeError:
+            _codec.check_key(key)  # the same TypeError as set() gives
+            raise
+        if ref is not None:
+            page, slot, _ = ref
+            exp = page.expires[slot]
+            if exp is not None and self._now() >= exp:
                 self._expire(key)
-            self._misses += 1
-            return default
+                self._misses += 1
+                return default
+            if page.state == RESIDENT:
+                page.stamp = next(self._ticks)
+                self._tier.locked_ticks += 1
+                self._memory_hits += 1
+            else:
+                self._tier.fault_pending(page)
+                self._store_hits += 1
+            v = page.values[slot]
+            return v if type(v) is not _Frozen else self._codec.decode(v.blob)
+        # Not in the page table: _ref's steps without its second lookup.
+        ref = self._locate(key)
+        if ref is not None:
+            page, slot, _ = ref
+            exp = page.expires[slot]
+            if exp is None or self._now() < exp:
+                self._store_hits += 1
+                return self._codec.from_memory(page.values[slot])
+            self._expire(key)
+        self._misses += 1
+        return default
 
     def __getitem__(self, key: Any) -> Any:
         value = self.get(key, _MISSING)
@@ -1328,9 +1362,68 @@ class Cache(MutableMapping):
         self._sets += 1
         return lsn
 
+    # -- calls that never wait (durablekv.aio runs them on an event loop's thread) --
+
+    def _in_memory(self, key: Any) -> bool:
+        """Whether ``key``'s entry, or its absence, is known without reading
+        SQLite (lock held): its page is in memory, or the store cannot hold
+        it (the look-aside miss, a pending clear, the key filter)."""
+        try:
+            if self._tier.table.get(key) is not None:
+                return True
+            if self._absent is key or self._clear_pending:
+                return True
+            return self._filter.ready and _codec.canonical_key(key) not in self._filter
+        except TypeError:
+            return False  # the waiting path raises the TypeError set() gives
+
+    def _get_nowait(self, key: Any, default: Any) -> Any:
+        """:meth:`get` if it can answer without waiting (the lock is free and
+        nothing needs SQLite); :data:`NOWAIT_UNSURE` (nothing done) otherwise."""
+        if not self._lock.acquire(blocking=False):
+            return NOWAIT_UNSURE
+        try:
+            if self._state is not _OPEN or not self._in_memory(key):
+                return NOWAIT_UNSURE
+            return self._get_held(key, default)
+        finally:
+            self._lock.release()
+
+    def _set_nowait(self, key: Any, value: Any, expire: float | None = None) -> bool:
+        """:meth:`set` if it can be done without waiting; False (nothing done)
+        when it could wait: fsync durability, the lock taken, back-pressure,
+        a log segment to roll (an fsync), an entry that needs SQLite.
+
+        :raises TypeError, ValueError: as :meth:`set` (nothing done).
+        """
+        if self.durability == "fsync":
+            return False
+        if expire is not None:
+            expire = _check_expire(expire)
+            if expire == 0:
+                return False
+        kb, vb, held, nbytes = self._encode_entry(key, value)
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            log = self._log
+            if self._state is not _OPEN or self._tier.pending >= self.max_pending_pages or \
+                    (log is not None and log._size >= log.segment_bytes) or \
+                    not self._in_memory(key):
+                return False
+            expire_at = None if expire is None else self._now() + expire
+            self._logged_set(key, kb, vb, held, expire_at, self._ref(key), nbytes)
+            return True
+        finally:
+            self._lock.release()
+
     def _value_too_big(self, key: Any, size: int) -> ValueError:
+        fix = ("store it elsewhere (max_value_bytes is at its largest, "
+               f"MAX_VALUE_BYTES_LIMIT={MAX_VALUE_BYTES_LIMIT}: one entry must fit in a page)"
+               if self.max_value_bytes >= MAX_VALUE_BYTES_LIMIT else
+               f"store it elsewhere or raise max_value_bytes (up to {MAX_VALUE_BYTES_LIMIT})")
         return ValueError(f"value for key {key!r} is {size} bytes, over max_value_bytes="
-                          f"{self.max_value_bytes}; store it elsewhere or raise max_value_bytes")
+                          f"{self.max_value_bytes}; {fix}")
 
     def _encode_entry(self, key: Any, value: Any) -> tuple[bytes, bytes, Any, int]:
         """``(key bytes, value bytes, memory form, encoded size)`` of an entry,
@@ -2531,7 +2624,7 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
             raise ConfigError(f"{name} must be an integer {rng}, got {value!r}")
 
     if page_size is not None:
-        need_int("page_size", page_size, 1, 65535)
+        need_int("page_size", page_size, 1, PAGE_SIZE_MAX)
     need_int("max_pages", max_pages, 1)
     need_int("flush_batch_pages", flush_batch_pages, 1)
     need_int("max_value_bytes", max_value_bytes, 1, MAX_VALUE_BYTES_LIMIT)
@@ -2553,18 +2646,73 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
         raise ConfigError(f"salvage_log must be True or False, got {salvage_log!r}")
 
 
-def _acquire_dir_lock(path: str) -> int:
+def _acquire_dir_lock(path: str) -> tuple[int, int]:
+    """Take the ownership lock of cache directory ``path``: ``(dir_fd, lock_fd)``.
+
+    The lock is an exclusive ``flock`` on the directory itself (an open
+    descriptor of it), which no file deletion can take away: deleting
+    ``LOCK`` under a live owner no longer lets a second process in. ``LOCK``
+    only names the owner's pid (and is flocked too, so that a durablekv from
+    before this lock still sees the directory as taken).
+
+    :raises CacheLockedError: another open file description holds it (a
+        process, or another Cache in this one).
+    """
+    dir_fd = lock_directory(path, exclusive=True)
     lock_path = os.path.join(path, LOCK_FILE)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    except BaseException:
+        _unlock_directory(dir_fd)
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         pid = lock_owner_pid(fd)
         os.close(fd)
+        _unlock_directory(dir_fd)
         raise CacheLockedError(path, pid) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    return dir_fd, fd
+
+
+def lock_directory(path: str, *, exclusive: bool) -> int:
+    """``flock`` the directory ``path`` itself (exclusive: an owner; shared:
+    ``durablekv check``), without waiting; returns the descriptor to keep.
+
+    :raises CacheLockedError: it is held in a conflicting mode; names the
+        pid in ``LOCK`` when there is one.
+    """
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(dir_fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(dir_fd)
+        raise CacheLockedError(path, _lock_file_pid(path)) from None
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    return dir_fd
+
+
+def _unlock_directory(dir_fd: int) -> None:
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
+    finally:
+        os.close(dir_fd)
+
+
+def _lock_file_pid(path: str) -> int | None:
+    """The pid in directory ``path``'s ``LOCK`` file, or None."""
+    try:
+        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return lock_owner_pid(fd)
+    finally:
+        os.close(fd)
 
 
 def lock_owner_pid(fd: int) -> int | None:
@@ -2577,12 +2725,16 @@ def lock_owner_pid(fd: int) -> int | None:
         return None
 
 
-def _release_dir_lock(fd: int) -> None:
+def _release_dir_lock(fds: tuple[int, int]) -> None:
+    dir_fd, fd = fds
     try:
-        os.ftruncate(fd, 0)
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        try:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        _unlock_directory(dir_fd)
 
 
 def _move_aside(path: str) -> str:

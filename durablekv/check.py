@@ -29,10 +29,13 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cache import LOCK_FILE, lock_owner_pid
-from .codec import canonical_key, decode_key
-from .replaylog import _first_lsn_of, list_segments, scan_segment, start_gap_detail
-from .store import STORE_FILE, decode_page, migration_files, read_only_uri
+from .cache import LOCK_FILE, lock_directory, lock_owner_pid
+from .codec import SafeCodec, canonical_key, decode_key
+from .errors import CacheLockedError
+from .replaylog import (OP_SET, _record_offset, list_segments,
+                        scan_segment_file, start_gap_detail)
+from .store import (STORE_FILE, decode_page, meta_problems, migration_files, page_crc,
+                    read_only_uri)
 
 __all__ = ["check_directory", "CheckResult"]
 
@@ -42,6 +45,7 @@ class CheckResult:
     ok: bool = True
     damaged: bool = False  #: damage found (``ok`` is also False when it could not check)
     lines: list[str] = field(default_factory=list)
+    serializer: str | None = None  #: the store's value codec, once read from its meta table
 
     def good(self, msg: str) -> None:
         self.lines.append(f"ok      {msg}")
@@ -80,28 +84,40 @@ def check_directory(directory: str) -> CheckResult:
         return _finish(r)
     lock = os.path.join(directory, LOCK_FILE)
     lock_fd = None
-    if os.path.exists(lock):
-        # Held shared until the check is done: a cache opening meanwhile
-        # (it takes the lock exclusively) would change what is being read.
-        lock_fd = os.open(lock, os.O_RDONLY)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = lock_owner_pid(lock_fd)
-            os.close(lock_fd)
-            if pid == os.getpid():
-                owner = (f"this process ({pid}), by a Cache that was not closed; close() it "
-                         "and check again")
-            else:
-                owner = (f"process {pid}" if pid is not None else "another process") + \
-                    "; close the cache there (or let that process exit) and check again"
-            r.error(f"{directory} is open in {owner}")
-            return _finish(r)
+    # Held shared until the check is done: a cache opening meanwhile (it
+    # takes these exclusively) would change what is being read. The
+    # directory's own flock is the ownership lock; LOCK's is an older
+    # durablekv's.
+    try:
+        dir_fd = lock_directory(directory, exclusive=False)
+        if os.path.exists(lock):
+            lock_fd = os.open(lock, os.O_RDONLY)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = lock_owner_pid(lock_fd)
+                os.close(lock_fd)
+                os.close(dir_fd)
+                raise CacheLockedError(directory, pid) from None
+    except CacheLockedError as exc:
+        pid = exc.pid
+        if pid == os.getpid():
+            owner = (f"this process ({pid}), by a Cache that was not closed; close() it "
+                     "and check again")
+        else:
+            owner = (f"process {pid}" if pid is not None else "another process") + \
+                "; close the cache there (or let that process exit) and check again"
+        r.error(f"{directory} is open in {owner}")
+        return _finish(r)
+    except OSError as exc:
+        r.error(f"{directory}: cannot be locked for the check ({exc.strerror})")
+        return _finish(r)
     try:
         _check_contents(directory, r)
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
+        os.close(dir_fd)
     return _finish(r)
 
 
@@ -120,7 +136,7 @@ def _check_contents(directory: str, r: CheckResult) -> None:
               "move it aside and start empty, applying the replay log, or delete the "
               "marker if the store checks clean)")
     checkpoint = _check_store(directory, r)
-    _check_log(directory, checkpoint, r)
+    _check_log(directory, checkpoint, r, r.serializer)
     for name in sorted(os.listdir(directory)):
         if name.startswith("replay-") and name.endswith(".damaged"):
             r.note(f"{os.path.join(directory, name)}: a log segment salvage moved aside; its "
@@ -200,14 +216,28 @@ def _check_store(directory: str, r: CheckResult) -> int:
                    f"this durablekv upgrades it to {supported}, after which the older "
                    "durablekv refuses it (back the directory up first if you may go back)")
         meta = dict(conn.execute("SELECT name, value FROM meta"))
-        checkpoint = int(meta.get("checkpoint_lsn", 0))
+        r.serializer = str(meta.get("serializer", "safe"))
+        # (one min() or max() per statement: SQLite reads one B-tree path for
+        # it; both in one statement scan the whole table)
+        max_pid, min_pid = (conn.execute("SELECT MAX(page_id) FROM pages").fetchone()[0],
+                            conn.execute("SELECT MIN(page_id) FROM pages").fetchone()[0])
+        problems = meta_problems(meta, max_pid, min_pid, sum(
+            os.path.getsize(p) for p in (path, wal) if os.path.exists(p)))
+        for problem in problems:
+            r.bad(f"{path}: {problem}; the next open refuses the store (CorruptStoreError)")
+        if problems:
+            return 0
+        checkpoint = meta["checkpoint_lsn"]
         r.good(f"settings: page_size={meta.get('page_size')} serializer={meta.get('serializer')} "
                f"checkpoint_lsn={checkpoint}")
         index = {k: (pid, exp) for k, pid, exp in
                  conn.execute("SELECT key, page_id, expire_at FROM keys")}
+        # schema version 3 on: every page row carries a checksum (page_crc)
+        checksums = "crc" in {c[1] for c in conn.execute("PRAGMA table_info(pages)")}
         problems, pages, entries = index_agreement(
-            index, conn.execute("SELECT page_id, n_entries, data FROM pages"),
-            int(meta.get("key_count", -1)))
+            index, conn.execute("SELECT page_id, n_entries, data, " +
+                                ("crc" if checksums else "NULL") + " FROM pages"),
+            int(meta.get("key_count", -1)), meta["page_size"], checksums)
         for problem in problems:
             r.bad(problem)
         if r.ok:
@@ -218,12 +248,15 @@ def _check_store(directory: str, r: CheckResult) -> int:
 
 
 def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any,
-                    key_count: int) -> tuple[list[str], int, int]:
+                    key_count: int, page_size: int, checksums: bool) -> tuple[list[str], int, int]:
     """Check that a store's key index and pages agree both ways.
 
     :param index: ``{canonical key: (page_id, expire_at)}``, every index row.
-    :param page_rows: iterable of ``(page_id, n_entries, blob)``, every page.
+    :param page_rows: iterable of ``(page_id, n_entries, blob, crc)``, every
+        page (``crc`` as :func:`~durablekv.store.page_crc`; ignored unless
+        ``checksums``).
     :param key_count: the store's recorded key count.
+    :param page_size: slots per page (a slot past it is damage).
     :returns: ``(problems, pages, entries)``: one line per disagreement
         ([] when they agree), and how many pages and entries were read.
     """
@@ -231,8 +264,13 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
     bad = problems.append
     seen = set()
     pages = entries = 0
-    for pid, n, data in page_rows:
+    for pid, n, data, crc in page_rows:
         pages += 1
+        if checksums and page_crc(pid, n, data) != crc:
+            bad(f"page {pid!r}: fails its checksum (stored {crc!r}, computed "
+                f"{page_crc(pid, n, data)}): its blob or entry count was changed on disk; "
+                "a read of it raises CorruptStoreError")
+            continue
         try:
             got = list(decode_page(data))
         except ValueError as exc:
@@ -240,6 +278,11 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
             continue
         if len(got) != n:
             bad(f"page {pid}: holds {len(got)} entries, its row says {n}")
+        slots = [e[0] for e in got]
+        if slots and max(slots) >= page_size:
+            bad(f"page {pid}: slot {max(slots)} is past page_size {page_size}")
+        if len(set(slots)) != len(slots):
+            bad(f"page {pid}: lists a slot twice")
         for slot, kb, _vb, exp in got:
             entries += 1
             try:
@@ -274,7 +317,20 @@ def _salvage_advice(directory: str) -> str:
             "or restore the directory from a backup")
 
 
-def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
+def _undecodable(rec: tuple, values) -> str | None:
+    """Why a log record's key or value (``values``: the store's codec, or
+    None when unknown) cannot be decoded, or None when it can."""
+    try:
+        decode_key(rec[2])
+        if values is not None and rec[1] == OP_SET:
+            values.decode(rec[3])
+    except (ValueError, TypeError, IndexError) as exc:
+        return str(exc)
+    return None
+
+
+def _check_log(directory: str, checkpoint: int, r: CheckResult,
+               serializer: str | None = None) -> None:
     """Read the log as the next open will (:func:`~durablekv.replaylog.scan_segment`):
     damage or an LSN gap that can hide only records at or below the
     checkpoint loses nothing, and recovery steps over it, so it is a note."""
@@ -282,6 +338,8 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
     if not segments:
         r.good("replay log: empty (cleanly closed)")
         return
+    # (pickle values are not loaded: that could run code)
+    values = SafeCodec() if serializer in (None, "safe", "json") else None
     expect = None
     pending = 0
     salvageable = None  # records after the checkpoint before the first refused damage
@@ -289,16 +347,20 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
     first_record = True        # the log's first record is still to come
     for i, path in enumerate(segments):
         last = i == len(segments) - 1
-        with open(path, "rb") as f:
-            data = f.read()
-        scan = scan_segment(data, checkpoint, None if last else segments[i + 1],
-                            _first_lsn_of(path))
+        scan, size = scan_segment_file(path, checkpoint, None if last else segments[i + 1])
         # records that follow damage stepped over: a gap before them is that damage's
         resumed = set(itertools.accumulate(count for _offset, count in scan.runs[:-1]))
         if after_damaged_end:
             resumed.add(0)
         for j, rec in enumerate(scan.records):
             lsn = rec[0]
+            if lsn > checkpoint:
+                bad = _undecodable(rec, values)
+                if bad:
+                    r.bad(f"{path}: record LSN {lsn} at offset "
+                          f"{_record_offset(scan.records, scan.runs, j)} has a CRC that checks "
+                          f"out but cannot be decoded ({bad}); the next open refuses it "
+                          "(LogCorruptionError)")
             if expect is None and first_record and lsn > checkpoint + 1:
                 r.bad(f"{path}: {start_gap_detail(checkpoint, lsn)}; "
                       f"{_salvage_advice(directory)}")
@@ -355,7 +417,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult) -> None:
                          "flipped bit on disk too: if neither happened since it was "
                          "written, the open drops a write that was acknowledged")
             r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
-                   f"{len(data) - scan.good_end} bytes); it is cut off at the next open{whole}")
+                   f"{size - scan.good_end} bytes); it is cut off at the next open{whole}")
         else:  # refused
             if salvageable is None:
                 salvageable = pending

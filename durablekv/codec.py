@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable
 
 __all__ = [
     "encode_key", "decode_key", "decode_keys", "canonical_key", "check_key",
-    "ValueCodec", "SafeCodec", "PickleCodec", "codec_by_name",
+    "ValueCodec", "SafeCodec", "PickleCodec", "codec_by_name", "MAX_NESTING",
 ]
 
 _Q = struct.Struct("<q")
@@ -58,7 +58,19 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _KEY_SCALARS = (str, bytes, int, float, bool, type(None))
 
 
-def _enc(obj: Any, out: list, allow_containers: bool, what: str) -> None:
+#: Deepest nesting of tuples, lists and dicts in a key or value: ``set``
+#: refuses deeper ones (TypeError, like a value that contains itself), and a stored object nested deeper is
+#: damage, so no encode or decode recursion can overflow the stack.
+MAX_NESTING = 100
+
+
+def _too_deep(what: str) -> TypeError:
+    return TypeError(f"the {what} is nested more than MAX_NESTING={MAX_NESTING} levels deep "
+                      "(tuples, lists and dicts inside each other, or one that contains "
+                      f"itself); store a flatter {what}")
+
+
+def _enc(obj: Any, out: list, allow_containers: bool, what: str, depth: int = 0) -> None:
     t = type(obj)
     if t is str:
         b = obj.encode("utf-8", "surrogatepass")
@@ -83,19 +95,19 @@ def _enc(obj: Any, out: list, allow_containers: bool, what: str) -> None:
         out.append(b"T")
     elif obj is False:
         out.append(b"F")
-    elif t is tuple:
-        out.append(b"t" + _U32.pack(len(obj)))
-        for item in obj:
-            _enc(item, out, allow_containers, what)
-    elif allow_containers and t is list:
-        out.append(b"l" + _U32.pack(len(obj)))
-        for item in obj:
-            _enc(item, out, True, what)
-    elif allow_containers and t is dict:
-        out.append(b"m" + _U32.pack(len(obj)))
-        for k, v in obj.items():
-            _enc(k, out, True, what)
-            _enc(v, out, True, what)
+    elif t is tuple or allow_containers and (t is list or t is dict):
+        if depth >= MAX_NESTING:
+            raise _too_deep(what)
+        depth += 1
+        if t is dict:
+            out.append(b"m" + _U32.pack(len(obj)))
+            for k, v in obj.items():
+                _enc(k, out, True, what, depth)
+                _enc(v, out, True, what, depth)
+        else:
+            out.append((b"t" if t is tuple else b"l") + _U32.pack(len(obj)))
+            for item in obj:
+                _enc(item, out, allow_containers, what, depth)
     else:
         allowed = ("None, bool, int, float, str, bytes, tuple, list and dict"
                    if allow_containers else
@@ -117,17 +129,24 @@ def _enc(obj: Any, out: list, allow_containers: bool, what: str) -> None:
             f"durablekv {what}s may be {allowed}{hint}")
 
 
-def _dec(buf: bytes, pos: int) -> tuple[Any, int]:
+def _dec(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
+    """Decode one object at ``pos``: ``(object, end)``. Every length and
+    count is checked against the bytes left before anything is allocated,
+    and nesting deeper than :data:`MAX_NESTING` is damage (ValueError), so
+    no blob can cost more than its size nor overflow the stack."""
     tag = buf[pos]
     pos += 1
-    if tag == 0x73:  # s
+    if tag == 0x73 or tag == 0x62 or tag == 0x49:  # s, b, I
         (n,) = _U32.unpack_from(buf, pos)
         pos += 4
-        return buf[pos:pos + n].decode("utf-8", "surrogatepass"), pos + n
-    if tag == 0x62:  # b
-        (n,) = _U32.unpack_from(buf, pos)
-        pos += 4
-        return buf[pos:pos + n], pos + n
+        if n > len(buf) - pos:
+            raise ValueError(f"a length of {n} bytes at byte {pos - 4} runs past the end "
+                             f"of the {len(buf)}-byte encoding")
+        if tag == 0x73:
+            return buf[pos:pos + n].decode("utf-8", "surrogatepass"), pos + n
+        if tag == 0x62:
+            return buf[pos:pos + n], pos + n
+        return int.from_bytes(buf[pos:pos + n], "little", signed=True), pos + n
     if tag == 0x71:  # q
         return _Q.unpack_from(buf, pos)[0], pos + 8
     if tag == 0x64:  # d
@@ -138,27 +157,29 @@ def _dec(buf: bytes, pos: int) -> tuple[Any, int]:
         return True, pos
     if tag == 0x46:  # F
         return False, pos
-    if tag == 0x49:  # I
+    if tag in (0x74, 0x6C, 0x6D):  # t, l, m
         (n,) = _U32.unpack_from(buf, pos)
         pos += 4
-        return int.from_bytes(buf[pos:pos + n], "little", signed=True), pos + n
-    if tag in (0x74, 0x6C):  # t, l
-        (n,) = _U32.unpack_from(buf, pos)
-        pos += 4
+        # every item takes at least one byte (two for a dict entry)
+        if n * (2 if tag == 0x6D else 1) > len(buf) - pos:
+            raise ValueError(f"a count of {n} items at byte {pos - 4} is more than the "
+                             f"{len(buf) - pos} bytes left can hold")
+        if depth >= MAX_NESTING:
+            raise ValueError(f"nested more than MAX_NESTING={MAX_NESTING} levels deep at byte "
+                             f"{pos - 5}")
+        depth += 1
+        if tag == 0x6D:
+            d = {}
+            for _ in range(n):
+                k, pos = _dec(buf, pos, depth)
+                v, pos = _dec(buf, pos, depth)
+                d[k] = v
+            return d, pos
         items = []
         for _ in range(n):
-            item, pos = _dec(buf, pos)
+            item, pos = _dec(buf, pos, depth)
             items.append(item)
         return (tuple(items) if tag == 0x74 else items), pos
-    if tag == 0x6D:  # m
-        (n,) = _U32.unpack_from(buf, pos)
-        pos += 4
-        d = {}
-        for _ in range(n):
-            k, pos = _dec(buf, pos)
-            v, pos = _dec(buf, pos)
-            d[k] = v
-        return d, pos
     raise ValueError(f"unknown type tag {tag!r} at byte {pos - 1}")
 
 
@@ -177,8 +198,9 @@ def _decode_all(buf: bytes) -> Any:
     return obj
 
 
-def check_key(key: Any) -> None:
-    """Raise ``TypeError``/``ValueError`` unless ``key`` is a supported key."""
+def check_key(key: Any, _depth: int = 0) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``key`` is a supported key
+    (TypeError also for tuples nested deeper than :data:`MAX_NESTING`)."""
     t = type(key)
     if t is str or t is int or t is bytes:
         return
@@ -188,8 +210,10 @@ def check_key(key: Any) -> None:
                              "found again; use another key")
         return
     if t is tuple:
+        if _depth >= MAX_NESTING:
+            raise _too_deep("key")
         for item in key:
-            check_key(item)
+            check_key(item, _depth + 1)
         return
     if key is None or t is bool:
         return
@@ -387,11 +411,7 @@ class SafeCodec(ValueCodec):
         if t is bytes:
             return b"b" + _U32.pack(len(value)) + value
         out: list[bytes] = []
-        try:
-            _enc(value, out, True, "value")
-        except RecursionError:
-            raise TypeError("cannot store a value that contains itself or is nested too "
-                            "deeply to encode; store a flatter value") from None
+        _enc(value, out, True, "value")  # (TypeError past MAX_NESTING)
         return b"".join(out)
 
     def decode(self, data: bytes) -> Any:
@@ -405,6 +425,7 @@ class SafeCodec(ValueCodec):
     def memory_form_from_blob(self, blob: bytes) -> Any:
         tag = blob[0]
         if tag == 0x6C or tag == 0x6D:  # list, dict: keep encoded
+            _decode_all(blob)  # ... once checked: damage is found here, not at a get
             return Frozen(blob)
         if tag == 0x62 and len(blob) >= 5 and _U32.unpack_from(blob, 1)[0] == len(blob) - 5:
             return blob[5:]  # bytes, the common case

@@ -17,6 +17,7 @@ and a closed cache alike)::
      │    └── HeldKeyError       a page waits for a failing page (flush cause)
      ├── LogError                problems with the replay log
      │    ├── LogCorruptionError a damaged record before the log's tail
+     │    ├── LogFileGoneError   the active segment was deleted while open
      │    └── LogWriteError      (OSError) an append or fsync failed
      ├── WriteBehindError        a background flush to SQLite failed
      │    └── FlushTimeoutError  (TimeoutError) flush(timeout=...) ran out
@@ -46,6 +47,7 @@ __all__ = [
     "HeldKeyError",
     "LogError",
     "LogCorruptionError",
+    "LogFileGoneError",
     "LogWriteError",
     "WriteBehindError",
     "FlushTimeoutError",
@@ -191,6 +193,18 @@ class LogError(DurableKVError):
     """A problem with the replay log."""
 
 
+class LogFileGoneError(LogError):
+    """The active replay log segment was deleted or replaced while the cache
+    was open (found at the next fsync of the log or segment roll).
+
+    :ivar path: the segment.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(message)
+
+
 class LogCorruptionError(LogError):
     """A damaged record was found before the tail of the replay log.
 
@@ -218,14 +232,21 @@ class LogCorruptionError(LogError):
 class LogWriteError(LogError, OSError):
     """Appending to or fsyncing the replay log failed; the write was not acknowledged."""
 
-    def __init__(self, path: str, cause: OSError) -> None:
+    def __init__(self, path: str, cause: OSError, *, during_write: bool = True) -> None:
         self.path = path
         self.cause = cause
+        if during_write:
+            what = (f"could not append to replay log {path!r}: {cause.strerror or cause}; "
+                    "the write was NOT stored")
+        else:  # opening: no write was attempted
+            what = (f"could not create replay log segment {path!r} while opening the cache: "
+                    f"{cause.strerror or cause}; no write was attempted, and the cache did "
+                    "not open")
         OSError.__init__(
             self,
             cause.errno,
-            f"could not append to replay log {path!r}: {cause.strerror or cause}; "
-            "the write was NOT stored. Free disk space or fix the file system, then retry",
+            f"{what}. Free disk space or fix the file system (permissions, a read-only "
+            "or immutable directory), then retry",
         )
 
     def __str__(self) -> str:
@@ -344,3 +365,55 @@ class MetricsServeError(DurableKVError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[1])
+
+
+# -- the HTTP client (durablekv.client) ----------------------------------------
+# Drawn here rather than in the tree above so that the tree's other classes
+# stay where they were:
+#
+#   DurableKVError
+#    └── RemoteError              the server answered an error (status, error, detail)
+#         ├── RemoteAuthError     (PermissionError) 401: missing or wrong token
+#         ├── RemoteValueError    (ValueError) 400/413/414/422: bad key, value, ttl
+#         ├── RemoteTypeError     (TypeError) 409: incr on a value that is not an int
+#         └── ServerUnavailableError (ConnectionError) no answer (refused, timed out)
+
+__all__ += ["RemoteError", "RemoteAuthError", "RemoteValueError", "RemoteTypeError",
+            "ServerUnavailableError"]
+
+
+class RemoteError(DurableKVError):
+    """A durablekv server answered with an error.
+
+    :ivar status: the HTTP status (0 when there was no answer).
+    :ivar error: the server's short error name.
+    :ivar detail: the server's explanation.
+    :ivar url: the request's URL.
+    """
+
+    def __init__(self, status: int, error: str, detail: str, url: str = "") -> None:
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.url = url
+        where = f" ({url})" if url else ""
+        super().__init__(f"server answered {status} {error}: {detail}{where}" if status
+                         else f"{error}: {detail}{where}")
+
+
+class RemoteAuthError(RemoteError, PermissionError):
+    """401: the server needs ``token=`` (its ``--token-file`` or
+    ``DURABLEKV_TOKEN``), or the one given is wrong."""
+
+
+class RemoteValueError(RemoteError, ValueError):
+    """400, 413, 414 or 422: a bad key, value or ttl (as ``ValueError`` in the library)."""
+
+
+class RemoteTypeError(RemoteError, TypeError):
+    """409: ``incr`` on a value that is not an int (as ``TypeError`` in the library)."""
+
+
+class ServerUnavailableError(RemoteError, ConnectionError):
+    """No answer from the server: refused, reset or timed out. A write that
+    got this may or may not have been applied."""

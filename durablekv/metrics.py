@@ -23,7 +23,9 @@ series for that cache (Prometheus marks them stale), and never fails. Its
 counters count "since open", so a cache reopened under the same name starts
 again from zero, which ``rate()`` treats as an ordinary counter reset.
 
-Every family carries a ``cache`` label (the cache's ``name``). Label values
+Every family carries a ``cache`` label (the cache's ``name``); the shards of
+a :class:`~durablekv.sharded.ShardedCache` (pass the ShardedCache itself)
+also carry a ``shard`` label, and ``sum by (cache)`` adds them up. Label values
 and HELP text are escaped by prometheus_client's exposition code, so any
 name (quotes, backslashes, newlines) scrapes as valid text format.
 """
@@ -195,6 +197,10 @@ class CacheCollector:
         :raises TypeError: ``cache`` is not a cache (it lacks ``name``,
             ``closed``, ``stats()`` or ``histograms()``).
         """
+        if isinstance(getattr(cache, "shards", None), tuple):  # a ShardedCache: its shards
+            for shard in cache.shards:
+                self.add(shard)
+            return
         missing = [a for a in ("name", "closed", "stats", "histograms") if not hasattr(cache, a)]
         if missing:
             hint = ("; pass the caches themselves: CacheCollector(*caches)"
@@ -208,7 +214,7 @@ class CacheCollector:
                 self._caches = kept
                 return
             for other in kept:
-                if other.name == cache.name:
+                if other.name == cache.name and _shard(other) == _shard(cache):
                     raise ValueError(
                         f"a cache named {cache.name!r} is already exported by this collector "
                         f"(path {getattr(other, 'path', '?')!r}); give each open cache its own "
@@ -216,9 +222,12 @@ class CacheCollector:
             self._caches = kept + (cache,)
 
     def remove(self, cache: Any) -> None:
-        """Stop exporting ``cache`` (no error if it was not carried)."""
+        """Stop exporting ``cache`` (no error if it was not carried); for a
+        ShardedCache, every one of its shards."""
+        gone = getattr(cache, "shards", None)
+        gone = gone if isinstance(gone, tuple) else (cache,)
         with self._lock:
-            self._caches = tuple(c for c in self._caches if c is not cache)
+            self._caches = tuple(c for c in self._caches if not any(c is g for g in gone))
 
     def describe(self) -> Iterator[Metric]:
         """The families this collector exposes, without samples.
@@ -235,29 +244,44 @@ class CacheCollector:
             if cache.closed:
                 continue
             try:
-                snapshots.append((cache.name, cache.stats(), cache.histograms()))
+                shard = _shard(cache)
+                labels = [cache.name] if shard is None else [cache.name, str(shard)]
+                snapshots.append((labels, cache.stats(), cache.histograms()))
             except CacheClosedError:  # closed between the check and the read
                 continue
-        hits, *families = self._families()
-        for name, stats, _ in snapshots:
-            hits.add_metric([name, "memory"], stats.memory_hits)
-            hits.add_metric([name, "store"], stats.store_hits)
+        # A ShardedCache's shards carry a ``shard`` label beside ``cache``;
+        # every sample of a family has the same label names, so a plain
+        # cache exported beside them gets shard="" (to Prometheus, no label).
+        sharded = any(len(labels) == 2 for labels, _, _ in snapshots)
+        if sharded:
+            snapshots = [(labels if len(labels) == 2 else labels + [""], s, h)
+                         for labels, s, h in snapshots]
+        hits, *families = self._families(["cache", "shard"] if sharded else ["cache"])
+        for labels, stats, _ in snapshots:
+            hits.add_metric(labels + ["memory"], stats.memory_hits)
+            hits.add_metric(labels + ["store"], stats.store_hits)
         yield hits
         for family, spec in zip(families, _SIMPLE):
-            for name, stats, histograms in snapshots:
+            for labels, stats, histograms in snapshots:
                 if spec.type == "histogram":
                     snap = histograms[spec.source]
-                    family.add_metric([name], _histogram_buckets(snap), snap.sum)
+                    family.add_metric(labels, _histogram_buckets(snap), snap.sum)
                 else:
-                    family.add_metric([name], spec.source(stats))
+                    family.add_metric(labels, spec.source(stats))
             yield family
 
     @staticmethod
-    def _families() -> list[Metric]:
-        hits = CounterMetricFamily(_HITS.name, _HITS.help, labels=["cache", "tier"])
+    def _families(labels: list[str] | None = None) -> list[Metric]:
+        labels = labels or ["cache"]
+        hits = CounterMetricFamily(_HITS.name, _HITS.help, labels=labels + ["tier"])
         kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
                  "histogram": HistogramMetricFamily}
-        return [hits] + [kinds[f.type](f.name, f.help, labels=["cache"]) for f in _SIMPLE]
+        return [hits] + [kinds[f.type](f.name, f.help, labels=labels) for f in _SIMPLE]
+
+
+def _shard(cache: Any) -> int | None:
+    """The shard index of a ShardedCache's shard, None for any other cache."""
+    return getattr(cache, "shard", None)
 
 
 #: The one collector :func:`register` keeps in each registry (weakly: a

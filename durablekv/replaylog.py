@@ -55,6 +55,7 @@ Fault-injection seams: :meth:`ReplayLog._write` and :meth:`ReplayLog._fsync`.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import re
 import struct
@@ -65,7 +66,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from ._perms import FILE_MODE
-from .errors import LogCorruptionError, LogError, LogWriteError
+from .errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
 
 __all__ = ["ReplayLog", "LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC"]
 
@@ -124,6 +125,21 @@ def encode_record(lsn: int, op: int, key: bytes, value: bytes, expire_at: float 
     return HEADER.pack(n, crc, lsn) + payload
 
 
+def map_segment(path: str) -> bytes:
+    """A segment's bytes, memory-mapped (an ``mmap``, or ``b""`` for an empty
+    file): a scan of a huge or sparse segment reads it through the page cache
+    instead of copying it all into memory first. Release with :func:`unmap_segment`."""
+    with open(path, "rb") as f:
+        if not os.fstat(f.fileno()).st_size:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # type: ignore[return-value]
+
+
+def unmap_segment(data: bytes) -> None:
+    if isinstance(data, mmap.mmap):
+        data.close()
+
+
 class _Damage(Exception):
     def __init__(self, offset: int, detail: str) -> None:
         self.offset = offset
@@ -164,7 +180,7 @@ def _parse_segment(data: bytes, pos: int | None = None
     size = len(data)
     if pos is None:
         if size < len(MAGIC):
-            if data == MAGIC[:size]:
+            if data[:size] == MAGIC[:size]:
                 return [], 0, (_Damage(0, "segment header cut short") if size else None)
             return [], 0, _Damage(0, "not a durablekv log segment (bad magic)")
         if data[:len(MAGIC)] != MAGIC:
@@ -233,6 +249,26 @@ def _record_offset(records: list[tuple], runs: list[tuple[int, int]], index: int
             return offset + sum(fixed + len(r[2]) + len(r[3]) for r in records[start:index])
         start += count
     raise IndexError(index)
+
+
+def locate_record(directory: str, lsn: int) -> tuple[str, int]:
+    """``(segment path, byte offset)`` of the record ``lsn`` in the log in
+    ``directory`` (for error messages), or the directory and 0 when no
+    segment holds it."""
+    for path in reversed(list_segments(directory)):
+        if _first_lsn_of(path) > lsn:
+            continue
+        data = map_segment(path)
+        try:
+            pos = len(MAGIC)
+            while pos + HEADER.size <= len(data):
+                n, _crc, at = HEADER.unpack_from(data, pos)
+                if at == lsn:
+                    return path, pos
+                pos += HEADER.size + n
+        finally:
+            unmap_segment(data)
+    return directory, 0
 
 
 def _first_lsn_of(path: str) -> int:
@@ -310,7 +346,16 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
         records += recs
         if damage is None:
             return SegmentScan(records, runs, stepped, None, good_end, False)
-        nxt = _next_intact_record(data, damage.offset + 1)
+        try:
+            nxt = _next_intact_record(data, damage.offset + 1)
+        except _ResyncGaveUp as gave_up:
+            # Whether intact records lie behind is not known: not a torn
+            # tail to cut, but damage to refuse (salvage keeps the prefix).
+            damage.detail += (f"; no intact record found in the {gave_up.stop - gave_up.start} "
+                              f"bytes after it that are not zero-filled (the search stops "
+                              f"after {RESYNC_LIMIT} offsets), the {len(data) - gave_up.stop} "
+                              "bytes from there on were not searched")
+            return SegmentScan(records, runs, stepped, damage, good_end, True)
         if nxt is not None:
             why = hides_nothing(HEADER.unpack_from(data, nxt)[2])
             if why:
@@ -325,6 +370,17 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
         return SegmentScan(records, runs, stepped, damage, good_end, nxt is not None)
 
 
+def scan_segment_file(path: str, after_lsn: int,
+                      next_segment: str | None) -> tuple[SegmentScan, int]:
+    """:func:`scan_segment` of the segment file ``path`` (memory-mapped, see
+    :func:`map_segment`): ``(scan, file size)``."""
+    data = map_segment(path)
+    try:
+        return scan_segment(data, after_lsn, next_segment, _first_lsn_of(path)), len(data)
+    finally:
+        unmap_segment(data)
+
+
 def start_gap_detail(checkpoint: int, first: int) -> str:
     """Why a log whose first record after the store's checkpoint is LSN
     ``first`` (not ``checkpoint + 1``) cannot be replayed."""
@@ -334,19 +390,62 @@ def start_gap_detail(checkpoint: int, first: int) -> str:
             "-wal file deleted) or was replaced")
 
 
+#: Most candidate offsets (bytes that are not part of a zero-filled run) a
+#: resync search after damage tries before it gives up: bounds the time a
+#: segment full of garbage can cost (about a second) while a damaged record
+#: or a torn region of a few MiB in front of intact records is still stepped over.
+RESYNC_LIMIT = 4 << 20
+_NONZERO = re.compile(rb"[^\x00]")
+#: Candidate offsets tried by resync searches in this process (tests read it
+#: to bound the work a damaged tail costs).
+resync_probes = 0
+
+
+class _ResyncGaveUp(Exception):
+    """The resync search tried :data:`RESYNC_LIMIT` offsets and found nothing."""
+
+    def __init__(self, start: int, stop: int) -> None:
+        self.start, self.stop = start, stop
+
+
 def _next_intact_record(data: bytes, start: int) -> int | None:
-    """Offset of the first record at or after ``start`` whose CRC checks out."""
+    """Offset of the first record at or after ``start`` whose CRC checks out.
+
+    Zero-filled runs (what a crash or power loss leaves at the end of a file,
+    and what a sparse file reads as) are skipped in C, a block at a time: a
+    record's length field is at least 13, so a record cannot start where
+    four zero bytes do.
+
+    :raises _ResyncGaveUp: :data:`RESYNC_LIMIT` other offsets were tried.
+    """
+    global resync_probes
     hsize, psize = HEADER.size, PAYLOAD.size
     size = len(data)
     unpack = HEADER.unpack_from
-    for pos in range(start, size - hsize - psize + 1):
-        n, crc, lsn = unpack(data, pos)
-        if n < psize or pos + hsize + n > size:
-            continue
-        payload = data[pos + hsize:pos + hsize + n]
-        if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) == crc:
-            return pos
-    return None
+    search = _NONZERO.search
+    stop = size - hsize - psize + 1
+    pos = start
+    probes = 0
+    try:
+        while pos < stop:
+            if not data[pos] and data[pos:pos + 4] == b"\0\0\0\0":
+                m = search(data, pos + 4)
+                if m is None:
+                    return None
+                pos = max(pos + 1, m.start() - 3)
+                continue
+            probes += 1
+            if probes > RESYNC_LIMIT:
+                raise _ResyncGaveUp(start, pos)
+            n, crc, lsn = unpack(data, pos)
+            if psize <= n and pos + hsize + n <= size:
+                payload = data[pos + hsize:pos + hsize + n]
+                if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) == crc:
+                    return pos
+            pos += 1
+        return None
+    finally:
+        resync_probes += probes
 
 
 @dataclass
@@ -405,6 +504,7 @@ class ReplayLog:
         self._sync_lock = threading.Lock()  # one fsync at a time (group commit)
         self._sealed_bytes = 0
         self._dir_unsynced = False  # a segment was created since the last directory fsync
+        self._gone: LogFileGoneError | None = None  # the active segment was found deleted
 
     # -- seams for fault injection ---------------------------------------------------
 
@@ -462,15 +562,11 @@ class ReplayLog:
         synced = False
         for i, path in enumerate(segments):
             last = i == len(segments) - 1
-            with open(path, "rb") as f:
-                data = f.read()
-            size = len(data)
             # Damage that can hide no record the store lacks (the record
             # behind it is at or below the checkpoint, or follows the record
             # before it with no LSN in between, as behind a damaged segment
             # header) loses nothing: the scan steps over it.
-            scan = scan_segment(data, after_lsn, None if last else segments[i + 1],
-                                _first_lsn_of(path))
+            scan, size = scan_segment_file(path, after_lsn, None if last else segments[i + 1])
             records, runs = scan.records, scan.runs
             for skipped, resume, why in scan.stepped_over:
                 self.skipped_damage += 1
@@ -600,15 +696,37 @@ class ReplayLog:
     # -- appending -------------------------------------------------------------------
 
     @property
+    def gone(self) -> LogFileGoneError | None:
+        """The error naming the active segment, once an fsync or a roll found
+        it deleted or replaced while open; else None."""
+        return self._gone
+
+    @property
     def last_lsn(self) -> int:
         return self._last_lsn
 
     def start(self, next_lsn: int) -> None:
         """Open a new segment whose first record will have LSN ``next_lsn``."""
         with self._lock:
-            self._open_segment(next_lsn)
+            self._open_segment(next_lsn, during_write=False)
 
-    def _open_segment(self, first_lsn: int) -> None:
+    def _open_segment(self, first_lsn: int, during_write: bool = True) -> None:
+        """Create the segment for ``first_lsn`` and make it the active one.
+
+        :raises LogWriteError: it could not be created (``during_write``:
+            for a set whose record was then not stored; else at open).
+        """
+        try:
+            self._create_segment(first_lsn)
+        except LogWriteError as exc:
+            if during_write:
+                raise
+            raise LogWriteError(exc.path, exc.cause, during_write=False) from exc.cause
+        except OSError as exc:
+            path = os.path.join(self.directory, segment_name(first_lsn))
+            raise LogWriteError(path, exc, during_write=during_write) from exc
+
+    def _create_segment(self, first_lsn: int) -> None:
         path = os.path.join(self.directory, segment_name(first_lsn))
         # A sealed segment of the same name can only hold no records (its
         # first LSN is not yet used): it is replaced, not kept as sealed.
@@ -688,6 +806,10 @@ class ReplayLog:
                     self._fsync(old_fd)
                 except OSError as exc:
                     raise LogWriteError(old_path, exc) from exc
+            gone = _gone(old_fd, old_path)
+            if gone:
+                self._gone = _segment_gone(old_path, gone)
+                raise self._gone
             self._open_segment(next_lsn)
             os.close(old_fd)
             self._sealed.append((old_path, self._last_lsn))
@@ -702,6 +824,8 @@ class ReplayLog:
 
         :raises LogWriteError: fsync failed (the cache then fails stop).
         """
+        if self._gone is not None:
+            raise self._gone  # every later sync says so again
         if self._synced_lsn >= lsn:
             return
         with self._sync_lock:
@@ -718,11 +842,15 @@ class ReplayLog:
                 if self._dir_unsynced:
                     self._dir_unsynced = False
                     _fsync_dir(self.directory)
+                gone = _gone(fd, path)
             except OSError as exc:
                 self._dir_unsynced = True
                 raise LogWriteError(path, exc) from exc
             finally:
                 os.close(fd)
+            if gone:
+                self._gone = _segment_gone(path, gone)
+                raise self._gone
             self._synced_lsn = max(self._synced_lsn, target)
 
     def truncate_through(self, lsn: int) -> int:
@@ -780,6 +908,27 @@ class ReplayLog:
             self._sealed_bytes = 0
             self._size = 0
             _fsync_dir(self.directory)
+
+
+def _gone(fd: int, path: str) -> str | None:
+    """How the file open as ``fd`` is no longer the one named ``path``
+    (deleted, or replaced by another file), or None when it still is."""
+    st = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return "was deleted"
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        return "was replaced by another file"
+    return None
+
+
+def _segment_gone(path: str, how: str) -> LogFileGoneError:
+    return LogFileGoneError(path,
+        f"the active replay log segment {path!r} {how} while the cache was open: the "
+        "records written to it since the last checkpoint are no longer in the log, so a "
+        "crash now would lose acknowledged writes. Close the cache (the final flush stores "
+        "what memory holds) and do not delete files in a cache directory while it is open")
 
 
 def _fsync_dir(directory: str) -> None:

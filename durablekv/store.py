@@ -58,6 +58,7 @@ import operator
 import os
 import sqlite3
 import struct
+import zlib
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -72,7 +73,7 @@ log = logging.getLogger("durablekv.store")
 
 __all__ = ["SQLitePageStore", "PageImage", "encode_page", "encode_columns", "decode_page", "split_page",
            "page_layout", "page_columns", "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS", "migration_files",
-           "STORE_FILE"]
+           "STORE_FILE", "page_crc", "meta_problems", "PAGE_SIZE_MAX"]
 
 STORE_FILE = "pages.sqlite3"
 #: Left beside the store when damage is found while the cache runs, so the
@@ -81,10 +82,30 @@ DAMAGE_MARKER = STORE_FILE + ".damaged"
 _ENTRY = struct.Struct("<HdII")  # a version-1 page entry header
 assert _ENTRY.size == 18
 _N_FLAGS = struct.Struct("<HB")
-_FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data FROM keys AS k "
+_FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data, p.crc FROM keys AS k "
              "LEFT JOIN pages AS p ON p.page_id = k.page_id WHERE k.key = ?")
 _U32 = struct.Struct("<I")
 _NAN = float("nan")
+_PID_N = struct.Struct("<qI")
+
+
+def page_crc(page_id: int, n_entries: int, data: bytes) -> int | None:
+    """The checksum stored beside a page (``pages.crc``, schema version 3):
+    CRC-32 (zlib) of ``<qI`` (page id, entry count) followed by the blob, so
+    a flipped bit in the blob, a wrong entry count, or a blob copied into
+    another page's row is found when the page is read.
+
+    :returns: the checksum (a u32), or None for fields no page can have (a
+        page id outside int64, a count outside u32, a blob that is not
+        bytes), which then match no stored checksum.
+    """
+    if type(data) is not bytes:
+        return None
+    try:
+        head = _PID_N.pack(page_id, n_entries)
+    except (struct.error, TypeError):
+        return None
+    return zlib.crc32(data, zlib.crc32(head))
 
 
 @dataclass(frozen=True)
@@ -303,7 +324,11 @@ def _decode_v1(data: bytes) -> Iterator[tuple[int, bytes, bytes, float | None]]:
     pos, end = 0, len(data)
     unpack = _ENTRY.unpack_from
     size = _ENTRY.size
+    count = 0
     while pos < end:
+        count += 1
+        if count > PAGE_SIZE_MAX:
+            raise ValueError(f"more than {PAGE_SIZE_MAX} entries (the most a page can hold)")
         if pos + size > end:
             raise ValueError(f"truncated entry header at byte {pos}")
         slot, exp, kl, vl = unpack(data, pos)
@@ -315,6 +340,53 @@ def _decode_v1(data: bytes) -> Iterator[tuple[int, bytes, bytes, float | None]]:
         vb = data[pos:pos + vl]
         pos += vl
         yield slot, kb, vb, (None if exp != exp else exp)
+
+
+#: Most slots a page may have (a slot number is a u16 in the page blob);
+#: the constructor's bound on ``page_size``, and the bound on the stored one.
+PAGE_SIZE_MAX = 65535
+#: Bounds on page ids and LSNs read from disk (far beyond any real store,
+#: well inside int64 so that no later arithmetic or packing overflows).
+_ID_MAX = (1 << 62) - 1
+
+
+def meta_problems(meta: dict[str, Any], max_page_id: Any, min_page_id: Any,
+                  store_bytes: int) -> list[str]:
+    """What is wrong with settings and counters read from a store's ``meta``
+    table (and the page-id range of its ``pages``), each naming the field,
+    the value found and the bound; [] when all hold. The bounds are the
+    constructor's (``page_size`` 1 to :data:`PAGE_SIZE_MAX`) and what a store
+    of ``store_bytes`` bytes can hold (every key takes at least a byte of
+    its index, so ``key_count`` cannot exceed it)."""
+    out: list[str] = []
+
+    def need_int(name: str, value: Any, lo: int, hi: int, why: str = "") -> bool:
+        if type(value) is int and lo <= value <= hi:
+            return True
+        out.append(f"meta {name}={value!r} is not an integer from {lo} to {hi}{why}")
+        return False
+
+    if "page_size" in meta:
+        need_int("page_size", meta["page_size"], 1, PAGE_SIZE_MAX)
+    if "serializer" in meta and type(meta["serializer"]) is not str:
+        out.append(f"meta serializer={meta['serializer']!r} is not a codec name")
+    need_int("checkpoint_lsn", meta.get("checkpoint_lsn"), 0, _ID_MAX)
+    bound = max(store_bytes, 0)
+    if need_int("key_count", meta.get("key_count"), 0, bound,
+                f" (a store of {store_bytes} bytes cannot hold more keys)"):
+        need_int("ttl_key_count", meta.get("ttl_key_count"), 0, meta["key_count"],
+                 " (key_count)")
+    for name in ("ttl_clock_offset", "ttl_clock_now"):
+        value = meta.get(name)
+        if name in meta and not (type(value) in (int, float) and value == value and
+                                 (name == "ttl_clock_now" or math.isfinite(value))):
+            out.append(f"meta {name}={value!r} is not a " +
+                       ("finite number" if name == "ttl_clock_offset" else "number"))
+    if max_page_id is not None and (type(max_page_id) is not int or
+                                    not 0 <= min_page_id <= max_page_id <= _ID_MAX):
+        out.append(f"page ids run from {min_page_id!r} to {max_page_id!r}, outside 0 to "
+                   f"{_ID_MAX}")
+    return out
 
 
 def migration_files() -> list[tuple[int, str, str]]:
@@ -428,6 +500,10 @@ class SQLitePageStore:
     :raises ConfigError: ``page_size``/``serializer`` differ from the stored ones.
     """
 
+    #: Bytes the ``-wal`` file is cut back to when it starts over after a
+    #: checkpoint (SQLite's ``journal_size_limit``).
+    wal_size_limit = 16 << 20
+
     def __init__(self, directory: str | os.PathLike, *, durability: str = "log",
                  page_size: int | None = None, serializer: str = "safe",
                  busy_timeout: float = 5.0, verify: bool = False) -> None:
@@ -477,6 +553,8 @@ class SQLitePageStore:
                                         if getlimit is not None else 999)
                 self._migrate()
                 self._settings(page_size, serializer)
+                st = os.stat(self.path)
+                self._identity = (st.st_dev, st.st_ino)
                 self._r = self._connect(durability, busy_timeout)
                 self._r.execute("PRAGMA query_only = ON")
                 self._find_cursor = self._r.cursor()
@@ -484,25 +562,27 @@ class SQLitePageStore:
                     rows = [r[0] for r in self._w.execute("PRAGMA quick_check")]
                     if rows != ["ok"]:
                         raise CorruptStoreError(self.path, "quick_check: " + "; ".join(rows[:3]))
-                row = self._w.execute(
-                    "SELECT (SELECT value FROM meta WHERE name='checkpoint_lsn'),"
-                    " (SELECT value FROM meta WHERE name='key_count'),"
-                    " (SELECT value FROM meta WHERE name='ttl_key_count'),"
-                    " (SELECT MAX(page_id) FROM pages),"
-                    " (SELECT value FROM meta WHERE name='ttl_clock_offset'),"
-                    " (SELECT value FROM meta WHERE name='ttl_clock_now')").fetchone()
+                meta = dict(self._w.execute("SELECT name, value FROM meta"))
+                # (one min() or max() per statement: SQLite reads one B-tree path for
+                # it; both in one statement scan the whole table)
+                max_pid, min_pid = (self._w.execute("SELECT MAX(page_id) FROM pages").fetchone()[0],
+                                    self._w.execute("SELECT MIN(page_id) FROM pages").fetchone()[0])
+                problems = meta_problems(meta, max_pid, min_pid, self.size_bytes())
+                if problems:
+                    raise CorruptStoreError(self.path, "; ".join(problems))
         except BaseException:
             self.close()
             raise
-        self.checkpoint_lsn: int = int(row[0])
-        self.key_count: int = int(row[1])
-        self.ttl_key_count: int = int(row[2])
-        self.max_page_id: int = int(row[3] or 0)
+        self.checkpoint_lsn: int = meta["checkpoint_lsn"]
+        self.key_count: int = meta["key_count"]
+        self.ttl_key_count: int = meta["ttl_key_count"]
+        self.max_page_id: int = max_pid or 0
         #: ``(offset, now)`` of the TTL clock as last committed (see
         #: ``Cache._now``); ``(0.0, -inf)`` when it never had to step over a
         #: clock that went back.
         self.ttl_clock: tuple[float, float] = (
-            (0.0, -math.inf) if row[4] is None else (float(row[4]), float(row[5])))
+            (0.0, -math.inf) if meta.get("ttl_clock_offset") is None else
+            (float(meta["ttl_clock_offset"]), float(meta.get("ttl_clock_now", -math.inf))))
 
     # -- opening -----------------------------------------------------------------
 
@@ -564,12 +644,20 @@ class SQLitePageStore:
             raise StoreError(f"could not put {self.path!r} in WAL mode (got {mode!r}); "
                              "the file system may not support shared memory", self.path)
         conn.execute("PRAGMA synchronous = " + ("NORMAL" if durability == "none" else "FULL"))
+        # SQLite's automatic checkpoints (every 1000 WAL pages, after a
+        # commit) copy the WAL into the file but leave the -wal file at its
+        # largest size: under load it grew to 2.5x the store, shrinking only
+        # at close. With a size limit, the WAL is cut back to it each time it
+        # starts over after a checkpoint, while the cache runs.
+        conn.execute(f"PRAGMA journal_size_limit = {int(self.wal_size_limit)}")
         return conn
 
     def _migrate(self) -> None:
         conn = self._w
         assert conn is not None
         migrations = migration_files()
+        # used by 0003_page_checksums to give existing pages their checksum
+        conn.create_function("durablekv_page_crc", 3, page_crc, deterministic=True)
         current = conn.execute("PRAGMA user_version").fetchone()[0]
         if current > len(migrations):
             raise SchemaVersionError(self.path, current, len(migrations))
@@ -610,7 +698,12 @@ class SQLitePageStore:
                          (self.page_size, serializer))
             self.serializer = serializer
             return
-        self.page_size = int(stored["page_size"])
+        problems = meta_problems({k: stored[k] for k in ("page_size", "serializer") if k in stored}
+                                 | {"checkpoint_lsn": 0, "key_count": 0, "ttl_key_count": 0},
+                                 None, None, 0)
+        if problems:
+            raise CorruptStoreError(self.path, "; ".join(problems))
+        self.page_size = stored["page_size"]
         self.serializer = str(stored.get("serializer", "safe"))
         if page_size is not None and page_size != self.page_size:
             raise ConfigError(
@@ -634,17 +727,39 @@ class SQLitePageStore:
         try:
             if self._snapshot_reads and not self._r.in_transaction:
                 self._r.execute("BEGIN")  # the shared read transaction (pause_snapshot)
-            return self._find_cursor.execute(_FIND_SQL, (ckey,)).fetchone()
+            row = self._find_cursor.execute(_FIND_SQL, (ckey,)).fetchone()
         except sqlite3.DatabaseError:
             with _translate(self.path, "key lookup"):
                 raise
+        if row is None or row[2] is None:
+            return row if row is None else row[:3]
+        pid, n, data, crc = row
+        if page_crc(pid, n, data) != crc:
+            self._bad_checksum(pid, n, data, crc)
+        return pid, n, data
+
+    def _bad_checksum(self, pid: Any, n: Any, data: Any, crc: Any) -> None:
+        """Raise :class:`CorruptStoreError` for a page whose row fails its
+        checksum (or has fields of impossible types); the store is marked
+        damaged, so the next open refuses it (or rebuilds it)."""
+        detail = (f"page {pid!r} fails its checksum (stored {crc!r}, computed "
+                  f"{page_crc(pid, n, data)}): its blob or entry count was changed on disk "
+                  "(a flipped bit, a torn write, a hand edit)")
+        mark_damaged(self.path, detail)
+        raise CorruptStoreError(self.path, detail)
+
+    def _verify(self, pid: Any, n: Any, data: Any, crc: Any) -> tuple[int, bytes]:
+        """``(n, data)`` of a page row once its checksum holds."""
+        if page_crc(pid, n, data) != crc:
+            self._bad_checksum(pid, n, data, crc)
+        return n, data
 
     def read_page(self, page_id: int) -> tuple[int, bytes] | None:
         """``(n_entries, blob)`` of a committed page, or None."""
         with _translate(self.path, "page read"):
-            row = self._find_cursor.execute("SELECT n_entries, data FROM pages WHERE page_id = ?",
-                                            (page_id,)).fetchone()
-        return row
+            row = self._find_cursor.execute(
+                "SELECT n_entries, data, crc FROM pages WHERE page_id = ?", (page_id,)).fetchone()
+        return None if row is None else self._verify(page_id, *row)
 
     def pause_snapshot(self) -> None:
         """Stop sharing a read transaction between reads: called (under the
@@ -687,10 +802,10 @@ class SQLitePageStore:
         pages: dict[int, tuple[int, bytes]] = {}
         with _translate(self.path, "page read"):
             for part in _batches(page_ids):
-                for pid, n, data in self._r.execute(
-                        "SELECT page_id, n_entries, data FROM pages WHERE page_id IN "
+                for pid, n, data, crc in self._r.execute(
+                        "SELECT page_id, n_entries, data, crc FROM pages WHERE page_id IN "
                         f"({_marks(len(part))})", part):
-                    pages[pid] = (n, data)
+                    pages[pid] = self._verify(pid, n, data, crc)
         return pages
 
     def scan_index(self) -> Iterator[tuple[bytes, bytes | None, int, float | None]]:
@@ -784,7 +899,7 @@ class SQLitePageStore:
                 added: list[bytes] = []      # keys of rows new to the index
                 gone: list[tuple[bytes, int]] = []   # (key, page_id) rows to delete
                 emptied: list[tuple[int]] = []       # pages to delete with their rows
-                page_rows: list[tuple] = []          # (page_id, n_entries, data)
+                page_rows: list[tuple] = []          # (page_id, n_entries, data, crc)
                 for img in images:
                     pid = img.page_id
                     stored = img.stored and not clear
@@ -793,7 +908,7 @@ class SQLitePageStore:
                         if stored:
                             emptied.append((pid,))
                         continue
-                    page_rows.append((pid, img.n, img.data))
+                    page_rows.append((pid, img.n, img.data, page_crc(pid, img.n, img.data)))
                     if rows is None:
                         continue
                     if stored:
@@ -817,7 +932,7 @@ class SQLitePageStore:
                 self._insert_many(conn, "INSERT OR REPLACE INTO keys "
                                   "(key, page_id, expire_at, orig) VALUES ", 4, upserts)
                 self._insert_many(conn, "INSERT OR REPLACE INTO pages "
-                                  "(page_id, n_entries, data) VALUES ", 3, page_rows)
+                                  "(page_id, n_entries, data, crc) VALUES ", 4, page_rows)
                 conn.executemany("UPDATE meta SET value = ? WHERE name = ?",
                                  [(checkpoint_lsn, "checkpoint_lsn"), (key_count, "key_count"),
                                   (ttl_key_count, "ttl_key_count")])
@@ -830,12 +945,46 @@ class SQLitePageStore:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+        self._check_identity("flush")
+        self._trim_wal()
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
         if ttl_clock is not None:
             self.ttl_clock = ttl_clock
         return added
+
+    def _trim_wal(self) -> None:
+        """After a commit: once the ``-wal`` file passes :attr:`wal_size_limit`,
+        checkpoint it (PASSIVE: never waits for a reader), so that the next
+        transaction starts the WAL over and ``journal_size_limit`` cuts the
+        file back."""
+        try:
+            size = os.stat(self.path + "-wal").st_size
+        except OSError:
+            return
+        if size > self.wal_size_limit:
+            with _translate(self.path, "WAL checkpoint"):
+                self._w.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _check_identity(self, when: str) -> None:
+        """Raise :class:`StoreError` if ``pages.sqlite3`` is no longer the file
+        this store opened (deleted or replaced while open: commits then go to
+        a file no open will see, and the replay log must be kept)."""
+        try:
+            st = os.stat(self.path)
+            how = None if (st.st_dev, st.st_ino) == self._identity else "was replaced"
+        except FileNotFoundError:
+            how = "was deleted"
+        if how:
+            raise StoreError(
+                f"page store {self.path!r} {how} while the cache was open (found at {when}): "
+                "what was stored since is in a file no open can see. The replay log is kept "
+                "(it is cut back only behind a checkpoint in the live store), so the next "
+                "open refuses the gap between a new store and the log (LogCorruptionError) "
+                "instead of starting empty; restore pages.sqlite3 from a backup, or run "
+                "`durablekv salvage` to keep what the log holds. Do not delete files in a "
+                "cache directory while it is open", self.path)
 
     def _refuse_held_keys(self, conn: sqlite3.Connection, added: list[bytes],
                           held_pages: Set[int]) -> None:

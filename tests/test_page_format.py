@@ -10,11 +10,15 @@ import pytest
 from hypothesis import given, strategies as st
 
 from durablekv import Cache, CorruptStoreError, codec
+from durablekv.check import check_directory
 from durablekv.cli import main
 from durablekv.store import (ASCII_KEYS, INT_KEYS, NO_TTL, RAW_BYTES, decode_page, encode_page,
-                             page_columns, page_layout, split_page)
+                             migration_files, page_columns, page_layout, split_page)
+
+from .conftest import reseal_pages
 
 STORE = "pages.sqlite3"
+LATEST = len(migration_files())
 SAFE = codec.SafeCodec()
 
 keys = st.one_of(st.text(max_size=12), st.integers(), st.binary(max_size=8),
@@ -128,6 +132,7 @@ def make_version_1_store(d) -> None:
     for pid, data in conn.execute("SELECT page_id, data FROM pages").fetchall():
         conn.execute("UPDATE pages SET data = ? WHERE page_id = ?",
                      (_encode_v1(list(decode_page(data))), pid))
+    conn.execute("ALTER TABLE pages DROP COLUMN crc")  # added by schema version 3
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     v1_blobs = conn.execute("SELECT count(*) FROM pages WHERE substr(data, 1, 2) != x'ffff'"
@@ -155,7 +160,7 @@ def test_a_store_written_with_version_1_pages_opens_and_upgrades(tmp_path):
         assert cache[("tuple", 1)] == [1, 2] and cache["ttl"] == "x"
         cache["k0"] = b"new"
     conn = sqlite3.connect(d / STORE)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == LATEST
     page_of_k0 = conn.execute("SELECT data FROM pages WHERE page_id = "
                               "(SELECT page_id FROM keys WHERE key = ?)",
                               (codec.canonical_key("k0"),)).fetchone()[0]
@@ -173,18 +178,18 @@ def test_opening_a_version_1_store_says_it_upgrades_it(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="durablekv"):
         with Cache(d) as cache:  # only reads
             assert cache["k3"] == b"v3"
-    assert schema_version(d) == 2
+    assert schema_version(d) == LATEST
     (upgrade,) = [r for r in caplog.records if "upgraded" in r.getMessage()]
     assert upgrade.levelno == logging.WARNING and upgrade.name == "durablekv.store"
     msg = upgrade.getMessage()
-    assert str(d / STORE) in msg and "schema version 1 to 2" in msg
+    assert str(d / STORE) in msg and f"schema version 1 to {LATEST}" in msg
     assert "0002_page_format_v2.sql" in msg and "can no longer open it" in msg
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="durablekv"):
-        Cache(d).close()                    # already at version 2
-        Cache(tmp_path / "new").close()     # a new store is created at version 2
+        Cache(d).close()                    # already at the latest version
+        Cache(tmp_path / "new").close()     # a new store is created at the latest version
     assert not [r for r in caplog.records if "upgraded" in r.getMessage()]
-    assert schema_version(tmp_path / "new") == 2
+    assert schema_version(tmp_path / "new") == LATEST
 
 
 def test_check_does_not_upgrade_a_version_1_store(tmp_path, capsys):
@@ -193,7 +198,7 @@ def test_check_does_not_upgrade_a_version_1_store(tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in d.iterdir()}
     assert main(["check", str(d)]) == 0
     out = capsys.readouterr().out
-    assert "schema version 1" in out and "upgrades it to 2" in out and "healthy" in out
+    assert "schema version 1" in out and f"upgrades it to {LATEST}" in out and "healthy" in out
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # nothing written or added
     assert schema_version(d) == 1
 
@@ -207,6 +212,7 @@ def test_a_garbled_version_2_page_is_reported_as_damage(tmp_path, make_key):
     conn = sqlite3.connect(d / STORE)
     pid, data = conn.execute("SELECT page_id, data FROM pages LIMIT 1").fetchone()
     conn.execute("UPDATE pages SET data = ? WHERE page_id = ?", (data[:-7], pid))
+    reseal_pages(conn)  # past the checksum, to the blob's own checks
     conn.commit()
     conn.close()
     with Cache(d, max_pages=1) as cache:
@@ -256,6 +262,7 @@ def test_a_page_that_decodes_but_cannot_be_right_is_damage(tmp_path, case, blob,
         cache["b"] = b"B"
     conn = sqlite3.connect(d / STORE)
     conn.execute("UPDATE pages SET data = ?, n_entries = ?", (blob, n))
+    reseal_pages(conn)  # past the checksum, to the blob's own checks
     conn.commit()
     conn.close()
     with Cache(d, max_pages=1) as cache:
@@ -263,6 +270,12 @@ def test_a_page_that_decodes_but_cannot_be_right_is_damage(tmp_path, case, blob,
             cache.get("a")
             cache.get(1)
         assert "cannot be decoded" in str(exc.value) and message in str(exc.value), case
+    if case in ("slot twice", "slot past page_size", "row count"):
+        (d / (STORE + ".damaged")).unlink()   # what check finds in the store itself
+        out = check_directory(str(d)).lines
+        assert any(line.startswith("DAMAGE") and message.replace("row says 3 entries",
+                                                                "its row says 3") in line
+                   for line in out), out
 
 
 def test_value_blobs_that_only_look_like_bytes_round_trip():

@@ -681,10 +681,11 @@ class PostgresPageStore:
             index = {k: (pid, exp) for k, pid, exp in conn.execute(
                 "SELECT key, page_id, expire_at FROM dkv_keys WHERE ns_id = %s",
                 (self.ns_id,)).fetchall()}
-            pages = conn.execute("SELECT page_id, n_entries, data FROM dkv_pages "
+            pages = conn.execute("SELECT page_id, n_entries, data, NULL FROM dkv_pages "
                                  "WHERE ns_id = %s", (self.ns_id,)).fetchall()
             meta = self._meta(conn)
-        problems, _, _ = index_agreement(index, pages, int(meta.get("key_count", -1)))
+        problems, _, _ = index_agreement(index, pages, int(meta.get("key_count", -1)),
+                                         self.page_size, checksums=False)
         return problems
 
     def close(self, checkpoint_wal: bool = False) -> None:

@@ -1,0 +1,416 @@
+"""``durablekv serve`` against a real server process: routes, errors, auth,
+limits, metrics, the OpenAPI description, and the clients.
+
+One server (with a token) serves the whole module; a few tests start their
+own for options that differ (no token, access log, short timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from urllib.parse import quote, urlsplit
+
+import pytest
+
+from tests.server_util import REPO, running_server
+
+import httpx  # noqa: E402 (server_util skips the module without it)
+
+from durablekv.client import AsyncClient, Client  # noqa: E402
+from durablekv.errors import (RemoteAuthError, RemoteTypeError, RemoteValueError,  # noqa: E402
+                              ServerUnavailableError)
+
+TOKEN = "s3cret-token_1"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MAX_VALUE = 4096
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("srv")
+    token_file = base / "token"
+    token_file.write_text(f"  {TOKEN}\n\n")  # whitespace around it is stripped
+    with running_server(base / "cache", "--token-file", str(token_file),
+                        "--max-value-bytes", str(MAX_VALUE), "--max-key-chars", "64") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def key(request):
+    return "t-" + request.node.name
+
+
+def error_of(resp: httpx.Response) -> dict:
+    assert resp.headers["content-type"].startswith("application/json"), resp.headers
+    body = resp.json()
+    assert set(body) == {"error", "detail"}, body
+    assert "Traceback" not in body["detail"]
+    return body
+
+
+# -- routes ---------------------------------------------------------------------------
+
+def test_json_and_bytes_round_trip(http, key):
+    r = http.put(f"/v1/keys/{key}", json={"name": "Ada", "n": [1, 2.5, None, True]})
+    assert r.status_code == 204
+    r = http.get(f"/v1/keys/{key}")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == {"name": "Ada", "n": [1, 2.5, None, True]}
+    raw = bytes(range(256))
+    r = http.put(f"/v1/keys/{key}", content=raw, headers={"content-type": "image/png"})
+    assert r.status_code == 204
+    r = http.get(f"/v1/keys/{key}")
+    assert r.headers["content-type"] == "application/octet-stream"
+    assert r.content == raw
+    # a JSON string and the same bytes stay distinct
+    http.put(f"/v1/keys/{key}", json="abc")
+    assert http.get(f"/v1/keys/{key}").json() == "abc"
+
+
+def test_head_delete_and_missing(http, key):
+    assert http.head(f"/v1/keys/{key}").status_code == 404
+    assert http.delete(f"/v1/keys/{key}").status_code == 404
+    assert error_of(http.get(f"/v1/keys/{key}"))["error"] == "not found"
+    http.put(f"/v1/keys/{key}", content=b"x")
+    assert http.head(f"/v1/keys/{key}").status_code == 200
+    assert http.delete(f"/v1/keys/{key}").status_code == 204
+    assert http.get(f"/v1/keys/{key}").status_code == 404
+
+
+def test_keys_are_percent_encoded_utf8_and_may_hold_slashes(http):
+    for k in ("a/b", "sp ace", "ünï/cödé", "new\nline", "%2F", "?q=1#h"):
+        r = http.put("/v1/keys/" + quote(k, safe=""), json=k)
+        assert r.status_code == 204, (k, r.text)
+        assert http.get("/v1/keys/" + quote(k, safe="")).json() == k
+
+
+def test_incr(http, key):
+    r = http.post(f"/v1/keys/{key}/incr", params={"delta": 5})
+    assert (r.status_code, r.json()) == (200, 5)
+    assert http.post(f"/v1/keys/{key}/incr").json() == 6
+    assert http.post(f"/v1/keys/{key}/incr", params={"delta": -10}).json() == -4
+    http.put(f"/v1/keys/{key}", json="text")
+    r = http.post(f"/v1/keys/{key}/incr")
+    assert r.status_code == 409 and error_of(r)["error"] == "not an int"
+    assert http.get(f"/v1/keys/{key}").json() == "text"  # unchanged
+    assert http.post(f"/v1/keys/{key}/incr", params={"delta": "x"}).status_code == 422
+
+
+def test_if_none_match_is_add(http, key):
+    h = {"If-None-Match": "*"}
+    assert http.put(f"/v1/keys/{key}", json=1, headers=h).status_code == 204
+    r = http.put(f"/v1/keys/{key}", json=2, headers=h)
+    assert r.status_code == 412 and error_of(r)["error"] == "key exists"
+    assert http.get(f"/v1/keys/{key}").json() == 1
+    assert http.put(f"/v1/keys/{key}", json=3, headers={"If-None-Match": '"etag"'}
+                    ).status_code == 400
+
+
+def test_ttl(http, key):
+    assert http.put(f"/v1/keys/{key}", json=1, params={"ttl": "3600"}).status_code == 204
+    assert http.get(f"/v1/keys/{key}").json() == 1
+    # ttl=0: stored already expired, i.e. gone (as Cache.set(expire=0))
+    assert http.put(f"/v1/keys/{key}", json=1, params={"ttl": "0"}).status_code == 204
+    assert http.get(f"/v1/keys/{key}").status_code == 404
+
+
+@pytest.mark.parametrize("ttl", ["-1", "nan", "NaN", "inf", "-inf", "1e300", "abc", ""])
+def test_bad_ttl_is_4xx_json_and_changes_nothing(http, key, ttl):
+    http.put(f"/v1/keys/{key}", json="before")
+    r = http.put(f"/v1/keys/{key}", json="after", params={"ttl": ttl})
+    assert r.status_code == 422, (ttl, r.text)
+    error_of(r)
+    assert http.get(f"/v1/keys/{key}").json() == "before"
+
+
+def test_batch(http, key):
+    r = http.post("/v1/batch", json={"ops": [
+        {"op": "set", "key": key, "value": {"a": 1}},
+        {"op": "set", "key": key + "b", "base64": "AAE=", "ttl": 60},
+        {"op": "get", "key": key}, {"op": "get", "key": key + "b"},
+        {"op": "get", "key": key + "none"}, {"op": "delete", "key": key},
+        {"op": "delete", "key": key}]})
+    assert r.status_code == 200
+    st = [x["status"] for x in r.json()["results"]]
+    assert st == [204, 204, 200, 200, 404, 204, 404]
+    assert r.json()["results"][2]["value"] == {"a": 1}
+    assert r.json()["results"][3]["base64"] == "AAE="
+    assert http.get(f"/v1/keys/{key}b").content == b"\x00\x01"
+    bad = [({"ops": [{"op": "nope", "key": "k"}]}, 422), ({"ops": "x"}, 422),
+           ({"ops": [{"op": "set", "key": "", "value": 1}]}, 422),
+           ({"ops": [{"op": "set", "key": "k", "ttl": -1}]}, 422)]
+    for body, status in bad:
+        assert http.post("/v1/batch", json=body).status_code == status, body
+    r = http.post("/v1/batch", content=b"{}", headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and error_of(r)
+
+
+def test_healthz_needs_no_token_and_metrics_does(server, http):
+    assert httpx.get(server.url + "/healthz").status_code == 200
+    assert httpx.get(server.url + "/metrics").status_code == 401
+    http.get("/v1/keys/metrics-probe")
+    text = http.get("/metrics").text
+    assert 'durablekv_hits_total{cache="cache",tier="memory"}' in text
+    assert ('durablekv_http_requests_total{method="GET",route="/v1/keys/{key}",'
+            'status="404"}') in text
+    assert 'durablekv_http_request_duration_seconds_count{method="GET",route="/v1/keys/{key}"}' \
+        in text
+
+
+# -- bad input: a clear JSON 4xx, nothing changed ------------------------------------
+
+def test_auth(server, key):
+    url = f"{server.url}/v1/keys/{key}"
+    with httpx.Client() as c:
+        c.put(url, json="kept", headers=AUTH)
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
+                        {"Authorization": f"bearer {TOKEN}x"}, {"Authorization": "Basic eA=="}):
+            for method in ("GET", "PUT", "DELETE", "HEAD"):
+                r = c.request(method, url, headers=headers, content=b"changed")
+                assert r.status_code == 401, (headers, method)
+                assert r.headers["www-authenticate"] == "Bearer"
+                if method != "HEAD":
+                    assert error_of(r)["error"] == "unauthorized"
+        assert c.get(server.url + "/nope").status_code == 401  # no route map for strangers
+        assert c.get(url, headers=AUTH).json() == "kept"
+
+
+def test_unknown_routes_and_methods(http):
+    r = http.get("/v2/whatever")
+    assert r.status_code == 404 and error_of(r)["error"] == "no such route"
+    r = http.patch("/v1/keys/k", content=b"x")
+    assert r.status_code == 405 and error_of(r)
+    assert r.headers["allow"] == "DELETE, GET, HEAD, PUT"
+    r = http.get("/v1/keys/k/incr")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert http.get("/v1/batch").status_code == 405
+
+
+def test_malformed_json_and_empty_or_long_key(http, key):
+    http.put(f"/v1/keys/{key}", json="before")
+    for body in (b"{", b"NaN", b"[Infinity]", b"\xff\xfe\x00", b"1" * 5000, b"[" * 5000):
+        r = http.put(f"/v1/keys/{key}", content=body, headers={"content-type": "application/json"})
+        assert r.status_code in (400, 413), (body[:10], r.status_code)
+        error_of(r)
+    assert http.get(f"/v1/keys/{key}").json() == "before"
+    r = http.put("/v1/keys/", json=1)
+    assert r.status_code == 400 and error_of(r)["error"] == "empty key"
+    r = http.put("/v1/keys/" + "k" * 65, json=1)
+    assert r.status_code == 414 and error_of(r)["error"] == "key too long"
+    assert http.get("/v1/keys/" + "k" * 65).status_code == 414
+    assert http.put("/v1/keys/" + "k" * 64, json=1).status_code == 204
+
+
+def _raw_request(url: str, head: bytes, body_parts: list[bytes] = ()) -> bytes:
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(head)
+        for part in body_parts:
+            try:
+                s.sendall(part)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        s.shutdown(socket.SHUT_WR) if not body_parts else None
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+def test_value_over_the_limit_is_413_before_the_body_is_read(server, http, key):
+    http.put(f"/v1/keys/{key}", json="before")
+    # Content-Length over the limit: answered on the headers alone, no body sent
+    head = (f"PUT /v1/keys/{key} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {10 ** 9}\r\n\r\n")
+    resp = _raw_request(server.url, head.encode())
+    assert resp.startswith(b"HTTP/1.1 413"), resp[:200]
+    # chunked: answered once the count passes the limit, long before the end
+    head = (f"PUT /v1/keys/{key} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n")
+    chunk = b"400\r\n" + b"x" * 1024 + b"\r\n"
+    resp = _raw_request(server.url, head.encode(), [chunk] * 8)
+    assert resp.startswith(b"HTTP/1.1 413"), resp[:200]
+    # a JSON value whose stored form outgrows the limit
+    r = http.put(f"/v1/keys/{key}", content=b"[" + b"1," * 2000 + b"1]",
+                 headers={"content-type": "application/json"})
+    assert r.status_code == 413 and error_of(r)
+    assert http.get(f"/v1/keys/{key}").json() == "before"
+    assert http.put(f"/v1/keys/{key}", content=b"y" * MAX_VALUE).status_code == 204
+
+
+def test_openapi_describes_every_route_with_its_errors(http):
+    schema = http.get("/openapi.json").json()
+    ops = {(p, m): op for p, item in schema["paths"].items() for m, op in item.items()}
+    assert set(ops) == {("/v1/keys/{key}", m) for m in ("put", "get", "head", "delete")} | {
+        ("/v1/keys/{key}/incr", "post"), ("/v1/batch", "post"), ("/metrics", "get"),
+        ("/healthz", "get")}
+    assert "414" in ops["/v1/keys/{key}", "put"]["responses"]
+    assert {"412", "413", "422", "401"} <= set(ops["/v1/keys/{key}", "put"]["responses"])
+    assert "409" in ops["/v1/keys/{key}/incr", "post"]["responses"]
+    assert "404" in ops["/v1/keys/{key}", "get"]["responses"]
+    assert "security" not in ops["/healthz", "get"]
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+
+
+# -- the clients ---------------------------------------------------------------------
+
+def test_client_mapping_and_errors(server, key):
+    with Client(server.url, token=TOKEN) as kv:
+        kv[key] = {"a": [1, 2]}
+        assert kv[key] == {"a": [1, 2]} and key in kv
+        kv.set(key + "b", b"\x00raw", expire=60)
+        assert kv.get(key + "b") == b"\x00raw"
+        assert kv.add(key, 1) is False and kv.add(key + "c", 1) is True
+        assert kv.incr(key + "n", 3) == 3 and kv.incr(key + "n") == 4
+        del kv[key]
+        assert key not in kv and kv.get(key, "dflt") == "dflt"
+        with pytest.raises(KeyError):
+            kv[key]
+        with pytest.raises(KeyError):
+            del kv[key]
+        with pytest.raises(RemoteTypeError) as ei:
+            kv.incr(key + "b")
+        assert isinstance(ei.value, TypeError) and ei.value.status == 409
+        with pytest.raises(RemoteValueError):
+            kv.set(key, 1, expire=-1)
+        with pytest.raises(RemoteValueError):
+            kv.set(key, b"z" * (MAX_VALUE + 1))
+        res = kv.batch([{"op": "set", "key": key, "value": b"\x01"}, {"op": "get", "key": key}])
+        assert res[1] == {"status": 200, "value": b"\x01"}
+        assert "durablekv_http_requests_total" in kv.metrics()
+    with Client(server.url) as anon, pytest.raises(RemoteAuthError) as ei:
+        anon.get(key)
+    assert isinstance(ei.value, PermissionError) and ei.value.status == 401
+    with Client(server.url, token="wrong") as bad, pytest.raises(RemoteAuthError):
+        bad[key] = 1
+
+
+def test_async_client(server, key):
+    async def main():
+        async with AsyncClient(server.url, token=TOKEN) as kv:
+            await kv.set(key, [1, "x"])
+            assert await kv.get(key) == [1, "x"]
+            assert await kv.contains(key)
+            assert await kv.add(key, 2) is False
+            assert await kv.incr(key + "n", 2) == 2
+            assert await kv.delete(key) and not await kv.delete(key)
+            with pytest.raises(KeyError):
+                await kv.getitem(key)
+            await asyncio.gather(*(kv.incr(key + "c") for _ in range(50)))
+            assert await kv.get(key + "c") == 50
+    asyncio.run(main())
+
+
+def test_client_server_gone(tmp_path):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with Client(f"http://127.0.0.1:{port}", timeout=5) as kv, \
+            pytest.raises(ServerUnavailableError) as ei:
+        kv.get("k")
+    assert isinstance(ei.value, ConnectionError)
+
+
+# -- the command line: secure defaults -------------------------------------------------
+
+def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.pop("DURABLEKV_TOKEN", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "durablekv", "serve", *args],
+                          capture_output=True, text=True, timeout=60, env=e, cwd=str(REPO))
+
+
+def test_refuses_non_loopback_host_without_token(tmp_path):
+    r = _serve(str(tmp_path / "c"), "--host", "0.0.0.0", "--port", "0")
+    assert r.returncode == 2
+    assert "refusing to serve on '0.0.0.0' without a token" in r.stderr
+    assert "--token-file" in r.stderr
+    assert not (tmp_path / "c").exists()  # refused before anything was created
+    r = _serve(str(tmp_path / "c"), "--token-file", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "cannot read --token-file" in r.stderr
+    (tmp_path / "empty").write_text(" \n")
+    r = _serve(str(tmp_path / "c"), "--token-file", str(tmp_path / "empty"))
+    assert r.returncode == 2 and "is empty" in r.stderr
+
+
+def test_token_from_environment_directory_0700_access_log_and_body_timeout(tmp_path):
+    d = tmp_path / "new" / "cache"
+    old = os.umask(0o002)  # a permissive umask must not loosen the new directory
+    try:
+        srv_cm = running_server(d, "--access-log", "--request-timeout", "0.5",
+                                env={"DURABLEKV_TOKEN": " envtok "})
+        with srv_cm as srv:
+            assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+            h = {"Authorization": "Bearer envtok"}
+            assert httpx.put(srv.url + "/v1/keys/a", json=1, headers=h).status_code == 204
+            assert httpx.get(srv.url + "/v1/keys/a").status_code == 401
+            # a body that stops arriving: 408 after --request-timeout
+            head = ("PUT /v1/keys/slow HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer envtok\r\n"
+                    "Content-Length: 10\r\n\r\nabc").encode()
+            u = urlsplit(srv.url)
+            with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+                s.sendall(head)
+                resp = s.recv(65536)
+            assert resp.startswith(b"HTTP/1.1 408"), resp[:100]
+            assert httpx.get(srv.url + "/v1/keys/slow", headers=h).status_code == 404
+    finally:
+        os.umask(old)
+    lines = [json.loads(x) for x in srv.stderr().splitlines() if x.startswith("{")]
+    put = [x for x in lines if x["method"] == "PUT" and x["path"] == "/v1/keys/a"]
+    assert put and put[0]["status"] == 204 and put[0]["route"] == "/v1/keys/{key}"
+    assert {"ts", "duration_ms", "client"} <= set(put[0])
+
+
+def test_access_log_is_off_by_default(server, http):
+    http.get("/v1/keys/quiet")
+    assert '"method"' not in server.stderr()
+
+
+def test_readme_curl_lines(http):
+    """README: `curl -X PUT .../v1/keys/greeting -d hello` then `curl .../greeting`
+    prints hello (curl's -d sends a form content type: stored as bytes)."""
+    r = http.put("/v1/keys/greeting", content=b"hello",
+                 headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 204
+    assert http.get("/v1/keys/greeting").content == b"hello"
+
+
+def test_refuses_a_pickle_cache(tmp_path):
+    """No pickle over the wire, ever: a directory made with serializer='pickle'
+    is refused at start (exit 2), not served."""
+    from durablekv import Cache
+    with Cache(tmp_path / "p", serializer="pickle") as c:
+        c["k"] = {1, 2}  # a set: only pickle stores it
+    r = _serve(str(tmp_path / "p"), "--port", "0")
+    assert r.returncode == 2
+    assert "serializer='pickle'" in r.stderr and "never unpickles" in r.stderr
+
+
+def test_loopback_and_token_rules():
+    from durablekv.errors import ConfigError
+    from durablekv.server.command import TOKEN_ENV, is_loopback, read_token
+    assert all(map(is_loopback, ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost")))
+    assert not any(map(is_loopback, ("0.0.0.0", "::", "10.0.0.1", "example.com", "")))
+    assert read_token(None, {}) is None
+    assert read_token(None, {TOKEN_ENV: "  t0k\n"}) == "t0k"
+    for bad in ("", "  ", "two words", "ctl\x01"):
+        with pytest.raises(ConfigError):
+            read_token(None, {TOKEN_ENV: bad})
