@@ -326,3 +326,19 @@ def test_a_directory_whose_log_belongs_to_another_store_is_refused(pg, pg_ns, tm
     lite._teardown(clean=False)
     with pytest.raises(ConfigError, match="belongs to the SQLite store pages.sqlite3"):
         pg_cache(tmp_path / "lite", pg, pg_ns + "-c")
+
+
+def test_a_page_changed_in_the_database_fails_its_checksum(pg, pg_ns, tmp_path):
+    from durablekv.errors import CorruptStoreError
+    with pg_cache(tmp_path / "c", pg, pg_ns, page_size=4) as c:
+        for i in range(8):
+            c[i] = b"value %d" % i
+        c.flush()
+    with psycopg.connect(pg.url(), autocommit=True) as conn:  # one flipped bit
+        conn.execute("UPDATE dkv_pages SET data = set_byte(data, length(data) - 1, "
+                     "get_byte(data, length(data) - 1) # 1) WHERE page_id = 1 AND ns_id = "
+                     "(SELECT ns_id FROM dkv_namespaces WHERE name = %s)", (pg_ns,))
+    with pg_cache(tmp_path / "d", pg, pg_ns, max_pages=1) as c:
+        with pytest.raises(CorruptStoreError, match="page 1 fails its checksum"):
+            [c[i] for i in range(8)]
+        assert any("page 1: fails its checksum" in p for p in c._store.integrity_check())

@@ -11,9 +11,10 @@ have been applied; every table is keyed by ``ns_id``, so that many caches
 share one database):
 
 * ``dkv_namespaces(ns_id, name)``: one row per namespace;
-* ``dkv_pages(ns_id, page_id, n_entries, data)``: one row per non-empty
-  page; ``data`` is the page blob, the same bytes as in the SQLite store
-  (format: :mod:`durablekv.store`), opaque to PostgreSQL (bytea);
+* ``dkv_pages(ns_id, page_id, n_entries, data, crc)``: one row per
+  non-empty page; ``data`` is the page blob, the same bytes as in the SQLite
+  store (format: :mod:`durablekv.store`), opaque to PostgreSQL (bytea), and
+  ``crc`` its :func:`~durablekv.store.page_crc`, checked on every read;
 * ``dkv_keys(ns_id, key, page_id, expire_at, orig)``: the key index;
 * ``dkv_meta(ns_id, name, value)``: as the SQLite store's ``meta``, plus
   ``flush_seq``, the number of flush transactions committed, ``owner``, a
@@ -56,9 +57,9 @@ import uuid
 from typing import AbstractSet as Set
 from typing import Any, Container, Iterator, Sequence
 
-from ..errors import (ConfigError, HeldKeyError, NamespaceLockedError, SchemaVersionError,
-                      StoreError)
-from ..store import PageImage
+from ..errors import (ConfigError, CorruptStoreError, HeldKeyError, NamespaceLockedError,
+                      SchemaVersionError, StoreError)
+from ..store import PageImage, page_crc
 
 try:
     import psycopg
@@ -80,7 +81,7 @@ URL_SCHEMES = ("postgresql://", "postgres://")
 #: After a lost connection, how long a reconnect tries to take the lock again.
 _RELOCK_SECONDS = 5.0
 
-_FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data FROM dkv_keys AS k "
+_FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data, p.crc FROM dkv_keys AS k "
              "LEFT JOIN dkv_pages AS p ON p.ns_id = k.ns_id AND p.page_id = k.page_id "
              "WHERE k.ns_id = %s AND k.key = %s")
 
@@ -433,12 +434,32 @@ class PostgresPageStore:
         """``(page_id, n_entries, blob)`` of the page holding canonical key
         ``ckey``, ``(page_id, None, None)`` when the index points at a missing
         page, or None."""
-        return self._fetch("key lookup", _FIND_SQL, (self.ns_id, ckey), one=True)
+        row = self._fetch("key lookup", _FIND_SQL, (self.ns_id, ckey), one=True)
+        if row is None:
+            return None
+        pid, n, data, crc = row
+        if data is not None:
+            self._verify(pid, n, data, crc)
+        return pid, n, data
 
     def read_page(self, page_id: int) -> tuple[int, bytes] | None:
         """``(n_entries, blob)`` of a committed page, or None."""
-        return self._fetch("page read", "SELECT n_entries, data FROM dkv_pages WHERE "
-                           "ns_id = %s AND page_id = %s", (self.ns_id, page_id), one=True)
+        row = self._fetch("page read", "SELECT n_entries, data, crc FROM dkv_pages WHERE "
+                          "ns_id = %s AND page_id = %s", (self.ns_id, page_id), one=True)
+        return None if row is None else self._verify(page_id, *row)
+
+    def _verify(self, pid: Any, n: Any, data: Any, crc: Any) -> tuple[int, bytes]:
+        """``(n, data)`` of a page row once its checksum holds.
+
+        :raises CorruptStoreError: it does not (the row was changed outside
+            durablekv, or damaged).
+        """
+        if page_crc(pid, n, data) != crc:
+            raise CorruptStoreError(self.path, (
+                f"page {pid!r} fails its checksum (stored {crc!r}, computed "
+                f"{page_crc(pid, n, data)}): its blob or entry count was changed in the "
+                "database (a hand edit, a restore that mixed rows)"))
+        return n, data
 
     def pause_snapshot(self) -> None:
         """Nothing to do: every read is its own statement (autocommit)."""
@@ -457,10 +478,10 @@ class PostgresPageStore:
         """``{page_id: (n_entries, blob)}`` for those of ``page_ids`` that exist."""
         if not page_ids:
             return {}
-        rows = self._fetch("page read", "SELECT page_id, n_entries, data FROM dkv_pages "
+        rows = self._fetch("page read", "SELECT page_id, n_entries, data, crc FROM dkv_pages "
                            "WHERE ns_id = %s AND page_id = ANY(%s)",
                            (self.ns_id, list(page_ids)))
-        return {pid: (n, data) for pid, n, data in rows}
+        return {pid: self._verify(pid, n, data, crc) for pid, n, data, crc in rows}
 
     def scan_index(self) -> Iterator[tuple[bytes, bytes | None, int, float | None]]:
         """Every committed index row ``(key, orig, page_id, expire_at)``."""
@@ -658,10 +679,12 @@ class PostgresPageStore:
         if page_rows:
             pids = sorted(page_rows)
             cur.execute(
-                "INSERT INTO dkv_pages (ns_id, page_id, n_entries, data) SELECT %s, * FROM "
-                "unnest(%s::bigint[], %s::int[], %s::bytea[]) ON CONFLICT (ns_id, page_id) "
-                "DO UPDATE SET n_entries = EXCLUDED.n_entries, data = EXCLUDED.data",
-                (ns, pids, [page_rows[p][0] for p in pids], [page_rows[p][1] for p in pids]))
+                "INSERT INTO dkv_pages (ns_id, page_id, n_entries, data, crc) SELECT %s, * FROM "
+                "unnest(%s::bigint[], %s::int[], %s::bytea[], %s::bigint[]) "
+                "ON CONFLICT (ns_id, page_id) DO UPDATE SET n_entries = EXCLUDED.n_entries, "
+                "data = EXCLUDED.data, crc = EXCLUDED.crc",
+                (ns, pids, [page_rows[p][0] for p in pids], [page_rows[p][1] for p in pids],
+                 [page_crc(p, *page_rows[p]) for p in pids]))
         return added
 
     # -- misc ----------------------------------------------------------------------
@@ -681,11 +704,11 @@ class PostgresPageStore:
             index = {k: (pid, exp) for k, pid, exp in conn.execute(
                 "SELECT key, page_id, expire_at FROM dkv_keys WHERE ns_id = %s",
                 (self.ns_id,)).fetchall()}
-            pages = conn.execute("SELECT page_id, n_entries, data, NULL FROM dkv_pages "
+            pages = conn.execute("SELECT page_id, n_entries, data, crc FROM dkv_pages "
                                  "WHERE ns_id = %s", (self.ns_id,)).fetchall()
             meta = self._meta(conn)
         problems, _, _ = index_agreement(index, pages, int(meta.get("key_count", -1)),
-                                         self.page_size, checksums=False)
+                                         self.page_size, checksums=True)
         return problems
 
     def close(self, checkpoint_wal: bool = False) -> None:

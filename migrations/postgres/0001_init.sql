@@ -9,12 +9,14 @@ CREATE TABLE dkv_namespaces (
     name text NOT NULL UNIQUE
 );
 
--- One row per non-empty page.
+-- One row per non-empty page; crc as durablekv.store.page_crc (CRC-32 of
+-- page id, entry count and blob), checked when the page is read.
 CREATE TABLE dkv_pages (
     ns_id integer NOT NULL REFERENCES dkv_namespaces,
     page_id bigint NOT NULL,
     n_entries integer NOT NULL,
     data bytea NOT NULL,
+    crc bigint NOT NULL,
     PRIMARY KEY (ns_id, page_id)
 );
 
