@@ -10,7 +10,7 @@ from .sharded import ShardedCache
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
                      LogCorruptionError, LogError, LogFileGoneError, LogWriteError,
-                     MetricsServeError,
+                     MetricsServeError, NamespaceLockedError,
                      SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
 from .errors import (RemoteAuthError, RemoteError, RemoteTypeError, RemoteValueError,
                      ServerUnavailableError)
@@ -24,6 +24,7 @@ __all__ = [
     "CacheStats",
     "DurableKVError",
     "CacheLockedError",
+    "NamespaceLockedError",
     "CacheClosedError",
     "CacheFailedError",
     "ConfigError",

@@ -52,6 +52,7 @@ from .pages import EMPTY, HAS_TTL, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
 from .replaylog import (OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments,
                         locate_record)
 from .stats import CacheStats, HistogramSnapshot
+from . import pgwire as _pgwire
 from .store import (ASCII_KEYS, INT_KEYS, PAGE_SIZE_MAX, RAW_BYTES, STORE_FILE, PageImage,
                     SQLitePageStore, encode_columns, encode_page, mark_damaged, page_columns,
                     split_page)
@@ -72,7 +73,7 @@ MIN_SEGMENT_BYTES = 1024
 _U32_PACK = struct.Struct("<I").pack
 _Frozen = _codec.Frozen
 _OPEN, _CLOSING, _CLOSED, _FAILED, _FORKED = "open", "closing", "closed", "failed", "forked"
-DURABILITY_MODES = ("fsync", "log", "none")
+DURABILITY_MODES = ("fsync", "log", "none", "sync")
 #: Longest encoded key (bytes); keys live in the page blobs and the index.
 MAX_KEY_BYTES = 1 << 20
 #: Largest allowed max_value_bytes: one entry must fit in a page.
@@ -305,7 +306,9 @@ class Cache(MutableMapping):
     :param flush_interval: seconds between write-behind flushes (and log
         fsyncs in ``durability="log"``).
     :param flush_batch_pages: a flush starts early once this many pages are dirty.
-    :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README.
+    :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README;
+        with a PostgreSQL store also ``"sync"``: a write returns once its log
+        record is committed in PostgreSQL (see docs/postgres.md).
     :param name: label for metrics; default the directory's base name.
     :param clock: ``() -> float`` epoch seconds for TTLs; default
         ``time.time`` looked up at each call (so freezegun moves it). It is
@@ -328,7 +331,14 @@ class Cache(MutableMapping):
         the good prefix and moving the damaged segment aside (loses the
         records after the damage; off by default). ``stats().salvaged_bytes``
         says how many bytes of the log were given up.
-    :param busy_timeout: seconds SQLite waits for a lock held by another process.
+    :param busy_timeout: seconds SQLite waits for a lock held by another process
+        (with a PostgreSQL store: seconds to wait for each host when connecting).
+    :param store: None (default: ``pages.sqlite3`` in the directory) or a
+        ``postgresql://`` URL: pages, key index and checkpoint in PostgreSQL
+        (needs the ``postgres`` extra; see docs/postgres.md). The replay log
+        stays in the directory.
+    :param namespace: with ``store``: this cache's name in the database (one
+        owner at a time, else :class:`~durablekv.errors.NamespaceLockedError`).
     :raises CacheLockedError: the directory is open elsewhere.
     :raises ConfigError: an invalid or conflicting setting.
     :raises CorruptStoreError, SchemaVersionError, LogCorruptionError: see
@@ -355,7 +365,8 @@ class Cache(MutableMapping):
                  serializer: str | _codec.ValueCodec = "safe",
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, max_pending_pages: int | None = None,
                  on_corruption: str = "raise", salvage_log: bool = False,
-                 busy_timeout: float = 5.0, segment_bytes: int = 64 << 20) -> None:
+                 busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
+                 store: str | None = None, namespace: str | None = None) -> None:
         self._state = _CLOSED
         self._temporary = directory is None
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
@@ -370,6 +381,8 @@ class Cache(MutableMapping):
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
                       segment_bytes=segment_bytes, salvage_log=salvage_log)
+        _pgwire.check_store_args(store, namespace, durability)
+        self._store_url, self.namespace = store, namespace
         if clock is not None:
             _check_clock(clock)
         codec = _codec.codec_by_name(serializer)
@@ -381,6 +394,8 @@ class Cache(MutableMapping):
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
         self._codec = codec
         self.durability = durability
+        # a write waits for its log record: fsynced, or committed in PostgreSQL ("sync")
+        self._sync_writes = durability in ("fsync", "sync")
         self.flush_interval = float(flush_interval)
         self.flush_batch_pages = int(flush_batch_pages)
         self.max_value_bytes = int(max_value_bytes)
@@ -427,12 +442,17 @@ class Cache(MutableMapping):
               segment_bytes) -> None:
         self.store_rebuilds = 0
         try:
-            self._store = SQLitePageStore(self.path, durability=self.durability,
-                                          page_size=page_size, serializer=self._codec.name,
-                                          busy_timeout=busy_timeout,
-                                          verify=on_corruption == "rebuild")
+            self._store = (_pgwire.open_store(self._store_url, self.namespace, self.path,
+                                              durability=self.durability, page_size=page_size,
+                                              serializer=self._codec.name,
+                                              connect_timeout=busy_timeout)
+                           if self._store_url is not None else
+                           SQLitePageStore(self.path, durability=self.durability,
+                                           page_size=page_size, serializer=self._codec.name,
+                                           busy_timeout=busy_timeout,
+                                           verify=on_corruption == "rebuild"))
         except CorruptStoreError as exc:
-            if on_corruption != "rebuild":
+            if on_corruption != "rebuild" or self._store_url is not None:
                 raise
             # The new store, whole, before the damaged one moves; it starts
             # where the replay log does, which it continues.
@@ -486,7 +506,8 @@ class Cache(MutableMapping):
         self._sweep_paused_until = 0.0  # monotonic; after a store read error
         # The log exists in every mode at recovery time: a directory last used
         # with durability="log" may hold records that must be replayed.
-        self._log = ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes)
+        self._log = (_pgwire.open_log(store, self.path) if self.durability == "sync" else
+                     ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes))
         self._batcher = WriteBehindBatcher(self, store, self._log if self.durability != "none" else None,
                                            interval=self.flush_interval,
                                            sync_log=self.durability == "log",
@@ -1326,7 +1347,7 @@ class Cache(MutableMapping):
                 # new key object, as a dict does for a fresh key), not updated.
                 lsn_to_sync = self._logged_set(key, kb, vb, held, expire_at,
                                                self._ref(key), nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn_to_sync)
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -1463,7 +1484,7 @@ class Cache(MutableMapping):
                 return False
             expire_at = None if expire is None else self._now() + expire
             lsn = self._logged_set(key, kb, vb, held, expire_at, None, nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -1505,7 +1526,7 @@ class Cache(MutableMapping):
             # encoded under the lock: the new value depends on the old one
             kb, vb, held, nbytes = self._encode_entry(key, value)
             lsn = self._logged_set(key, kb, vb, held, expire_at, ref, nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return value
 
@@ -1550,7 +1571,7 @@ class Cache(MutableMapping):
                 vb = self._codec.to_blob(held)
                 expire_at = None if expire is None else self._now() + expire
                 lsn = self._logged_set(key, kb, vb, held, expire_at, ref, len(kb) + len(vb))
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -1568,7 +1589,7 @@ class Cache(MutableMapping):
             lsn = self._append(OP_DELETE, kb, b"", None)
             self._apply_delete(key, lsn)
             self._deletes += 1
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -1591,7 +1612,7 @@ class Cache(MutableMapping):
             lsn = self._append(OP_DELETE, kb, b"", None)
             self._apply_delete(key, lsn)
             self._deletes += 1
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return value
 
@@ -1662,7 +1683,7 @@ class Cache(MutableMapping):
             lsn = self._append(OP_CLEAR, b"", b"", None)
             self._apply_clear(lsn)
             self._batcher.kick()
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
 
     def __len__(self) -> int:

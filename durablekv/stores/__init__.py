@@ -1,0 +1,1 @@
+"""Page stores other than the SQLite one in :mod:`durablekv.store`."""
