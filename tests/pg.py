@@ -32,7 +32,14 @@ from durablekv.errors import CacheLockedError
 
 REPO = Path(__file__).resolve().parents[1]
 
-PG_BIN = Path(os.environ.get("DURABLEKV_PG_BIN", "/usr/lib/postgresql/15/bin"))
+def _newest_pg_bin() -> Path:
+    """Debian's newest installed PostgreSQL (``/usr/lib/postgresql/<major>/bin``)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                   key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+PG_BIN = Path(os.environ.get("DURABLEKV_PG_BIN") or _newest_pg_bin())
 REQUIRE_POSTGRES = os.environ.get("DURABLEKV_REQUIRE_POSTGRES") == "1"
 #: the superuser's password (TCP connections must give it)
 PASSWORD = "pw-Zq7-secret"
