@@ -193,3 +193,184 @@ def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int])
             r = page_lru(req, ps, -(-slots // ps))
             out["page_lru"][str(ps)].append(r["memory_hits"] / gets)
     return out
+
+
+class _WTinyLFU:
+    """W-TinyLFU over hashable items (keys or page ids), OrderedDict segments,
+    the same policy as :class:`durablekv.policy` describes and the memory
+    tier's ``policy="tinylfu"`` runs."""
+
+    def __init__(self, capacity: int) -> None:
+        from durablekv.policy import FrequencySketch, window_split
+        self.cap = capacity
+        self.wcap, self.pcap = window_split(capacity)
+        self.window: OrderedDict[Any, None] = OrderedDict()
+        self.probation: OrderedDict[Any, None] = OrderedDict()
+        self.protected: OrderedDict[Any, None] = OrderedDict()
+        self.sketch = FrequencySketch(capacity)
+
+    def access(self, x: Any) -> bool:
+        """Count an access to ``x``; True (and recency updated) if resident."""
+        self.sketch.increment(x)
+        if x in self.window:
+            self.window.move_to_end(x)
+        elif x in self.protected:
+            self.protected.move_to_end(x)
+        elif x in self.probation:
+            del self.probation[x]
+            self.protected[x] = None
+            if len(self.protected) > self.pcap:
+                self.probation[self.protected.popitem(False)[0]] = None
+        else:
+            return False
+        return True
+
+    def remove(self, x: Any) -> None:
+        for seg in (self.window, self.probation, self.protected):
+            seg.pop(x, None)
+
+    def admit(self, x: Any) -> list[Any]:
+        """Bring ``x`` in (at the window's MRU end); return the items that left."""
+        self.window[x] = None
+        out: list[Any] = []
+        if len(self.window) <= self.wcap:
+            return out
+        cand = self.window.popitem(False)[0]
+        if len(self.window) + len(self.probation) + len(self.protected) < self.cap:
+            self.probation[cand] = None
+            return out
+        seg = self.probation or self.protected
+        if not seg:                      # capacity 1: all window
+            out.append(cand)
+            return out
+        victim = next(iter(seg))
+        if self.sketch.frequency(cand) > self.sketch.frequency(victim):
+            del seg[victim]
+            self.probation[cand] = None
+            out.append(victim)
+        else:
+            out.append(cand)
+        return out
+
+
+def tinylfu(req: Requests, slots: int) -> int:
+    """Get hits of an entry-level W-TinyLFU of ``slots`` entries."""
+    pol = _WTinyLFU(slots)
+    access, admit = pol.access, pol.admit
+    hits = 0
+    for op, k in zip(req.ops, req.keys):
+        if op == DELETE:
+            pol.remove(k)
+        elif access(k):
+            if op == GET:
+                hits += 1
+        else:
+            admit(k)
+    return hits
+
+
+def page_tinylfu(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
+    """:func:`page_lru` with the memory tier's ``policy="tinylfu"``: W-TinyLFU over
+    pages, the sketch counting accesses per page. Same counts returned."""
+    if DELETE in req.ops:
+        raise ValueError("page_tinylfu does not model deletes (the free list)")
+    pol = _WTinyLFU(max_pages)
+    access, admit = pol.access, pol.admit
+    page_of: dict[Any, int] = {}
+    open_page, open_used, next_id = -1, page_size, 0
+    mem = store = miss = faults = 0
+    for op, k in zip(req.ops, req.keys):
+        p = page_of.get(k)
+        if p is not None:
+            if access(p):
+                if op == GET:
+                    mem += 1
+                continue
+            faults += 1
+            if op == GET:
+                store += 1
+            if open_page in admit(p):
+                open_page, open_used = -1, page_size
+            continue
+        if op == GET:
+            miss += 1
+        if open_used >= page_size:
+            open_page, open_used = next_id, 0
+            next_id += 1
+            pol.sketch.increment(open_page)
+            admit(open_page)   # the new page itself is the window's MRU: never the one out
+        else:
+            access(open_page)
+        page_of[k] = open_page
+        open_used += 1
+    return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults}
+
+
+def page_rehome(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
+    """:func:`page_lru` plus re-homing: when a page is evicted, its entries hit
+    since they were last placed (faulted in, inserted or re-homed) move into
+    the open page and stay in memory; the others leave with the page. Pages
+    stay the unit of I/O (a fault reads the whole page). Same counts returned,
+    plus ``rehomed`` (entries moved)."""
+    if DELETE in req.ops:
+        raise ValueError("page_rehome does not model deletes (the free list)")
+    page_of: dict[Any, int] = {}
+    members: dict[int, set[Any]] = {}
+    hot: set[Any] = set()                # entries hit since placed
+    resident: OrderedDict[int, None] = OrderedDict()
+    move, popfirst = resident.move_to_end, resident.popitem
+    state = {"open": -1, "used": page_size, "next": 0}
+    mem = store = miss = faults = rehomed = 0
+
+    def new_page() -> None:
+        state["open"], state["used"] = state["next"], 0
+        state["next"] += 1
+        members[state["open"]] = set()
+        resident[state["open"]] = None
+
+    def place(k: Any) -> None:
+        if state["used"] >= page_size:
+            new_page()
+        p = state["open"]
+        page_of[k] = p
+        members[p].add(k)
+        state["used"] += 1
+        move(p)
+
+    def shrink() -> None:
+        nonlocal rehomed
+        while len(resident) > max_pages:
+            victim = popfirst(False)[0]
+            if victim == state["open"]:
+                state["open"], state["used"] = -1, page_size
+            keep = [k for k in members[victim] if k in hot]
+            for k in keep:
+                hot.discard(k)
+                members[victim].discard(k)
+                place(k)
+            rehomed += len(keep)
+
+    for op, k in zip(req.ops, req.keys):
+        p = page_of.get(k)
+        if p is not None:
+            if p in resident:
+                move(p)
+                hot.add(k)
+                if op == GET:
+                    mem += 1
+                continue
+            faults += 1
+            if op == GET:
+                store += 1
+            for m in members[p]:
+                hot.discard(m)
+            hot.add(k)
+            resident[p] = None
+            shrink()
+            continue
+        if op == GET:
+            miss += 1
+        place(k)
+        shrink()
+    return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults,
+            "rehomed": rehomed}
