@@ -49,6 +49,7 @@ from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, Confi
                      WriteBehindError)
 from . import pages as _pages
 from .pages import EMPTY, HAS_TTL, PAGE_BYTES_LIMIT, RESIDENT, MemoryTier, Page
+from .policy import check_policy
 from .replaylog import (OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments,
                         locate_record)
 from .stats import CacheStats, HistogramSnapshot
@@ -303,6 +304,9 @@ class Cache(MutableMapping):
         value raises :class:`ConfigError`.
     :param max_pages: the memory tier holds at most this many pages (so at
         most ``max_pages * page_size`` entries resident).
+    :param policy: the memory tier's replacement policy: ``"lru"`` (default,
+        LRU of pages) or ``"tinylfu"`` (W-TinyLFU of pages; docs/policy.md).
+        Not stored: a store may be reopened with either.
     :param flush_interval: seconds between write-behind flushes (and log
         fsyncs in ``durability="log"``).
     :param flush_batch_pages: a flush starts early once this many pages are dirty.
@@ -366,7 +370,8 @@ class Cache(MutableMapping):
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, max_pending_pages: int | None = None,
                  on_corruption: str = "raise", salvage_log: bool = False,
                  busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
-                 store: str | None = None, namespace: str | None = None) -> None:
+                 store: str | None = None, namespace: str | None = None,
+                 policy: str = "lru") -> None:
         self._state = _CLOSED
         self._temporary = directory is None
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
@@ -382,6 +387,7 @@ class Cache(MutableMapping):
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
                       segment_bytes=segment_bytes, salvage_log=salvage_log)
         _pgwire.check_store_args(store, namespace, durability)
+        self.policy = check_policy(policy)
         self._store_url, self.namespace = store, namespace
         if clock is not None:
             _check_clock(clock)
@@ -477,7 +483,7 @@ class Cache(MutableMapping):
         self._clock_offset, self._last_now = store.ttl_clock
         self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
         self._cond = threading.Condition(self._lock)  # back-pressure waits
-        self._tier = MemoryTier(store.page_size, max_pages)
+        self._tier = MemoryTier(store.page_size, max_pages, self.policy)
         # the tier's page table and LRU, for the hot path (never replaced:
         # MemoryTier.clear() empties them in place)
         self._table = self._tier.table

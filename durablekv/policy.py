@@ -31,9 +31,11 @@ until aging halves them away.
 
 from __future__ import annotations
 
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any, Hashable
 
-__all__ = ["FrequencySketch", "POLICIES", "check_policy", "window_split"]
+__all__ = ["FrequencySketch", "TinyLFU", "POLICIES", "check_policy", "counted_page_class",
+           "window_split"]
 
 #: The policy names ``Cache(policy=...)`` takes.
 POLICIES = ("lru", "tinylfu")
@@ -94,10 +96,13 @@ class FrequencySketch:
         self.resets = 0
 
     def _indexes(self, key: Hashable) -> tuple[int, int, int, int]:
-        h = (hash(key) * 0x9E3779B97F4A7C15) & _M64
-        h ^= h >> 29
-        g = ((h ^ 0xBF58476D1CE4E5B9) * 0x94D049BB133111EB) & _M64
-        g = (g ^ (g >> 31)) | 1
+        # splitmix64's finaliser over Python's hash (an int hashes to itself:
+        # structured keys need the mixing), then double hashing h + i*g
+        h = hash(key) & _M64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _M64
+        h ^= h >> 31
+        g = (h >> 32) | 1
         m, w = self.mask, self.width
         return (h & m, w + ((h + g) & m), 2 * w + ((h + 2 * g) & m), 3 * w + ((h + 3 * g) & m))
 
@@ -129,3 +134,197 @@ class FrequencySketch:
         self.counters = bytearray(self.counters.translate(_HALVE))
         self.additions //= 2
         self.resets += 1
+
+
+WINDOW, PROBATION, PROTECTED = 0, 1, 2
+
+
+class _NoCount:
+    __slots__ = ()
+
+    def increment(self, key: Hashable) -> None:
+        pass
+
+
+_NO_COUNT = _NoCount()
+
+
+def counted_page_class(page_cls: type) -> type:
+    """A subclass of the memory tier's page class whose ``stamp`` store also
+    counts the access in the page's frequency sketch.
+
+    The cache's hot path touches a page with ``page.stamp = tick``; under
+    ``"tinylfu"`` that store becomes this property, so every get, set and
+    insert is counted without a line of the cache changing, and under
+    ``"lru"`` (plain pages) a memory hit stays one attribute store.
+    """
+    slot = page_cls.__dict__["stamp"]
+    get, put = slot.__get__, slot.__set__
+
+    class CountedPage(page_cls):  # type: ignore[misc, valid-type]
+        __slots__ = ("sketch", "seg")
+
+        def __init__(self, page_id: int, page_size: int, full: Any = None, *,
+                     sketch: FrequencySketch) -> None:
+            self.sketch = _NO_COUNT   # building a page is not an access
+            self.seg = WINDOW
+            super().__init__(page_id, page_size, full)
+            self.sketch = sketch
+
+        @property
+        def stamp(self) -> int:
+            return get(self)
+
+        @stamp.setter
+        def stamp(self, tick: int) -> None:
+            self.sketch.increment(self.page_id)
+            put(self, tick)
+
+        def set_stamp_uncounted(self, tick: int) -> None:
+            put(self, tick)
+
+    CountedPage.__qualname__ = CountedPage.__name__ = f"Counted{page_cls.__name__}"
+    return CountedPage
+
+
+class TinyLFU:
+    """W-TinyLFU victim choice for a memory tier's resident pages.
+
+    Segments are min-heaps of ``(filed stamp, page)`` with the tier's lazy
+    promotion: a page touched since it was filed has a newer ``stamp``, seen
+    when it surfaces at its heap's top. A page that surfaces in probation
+    with a newer stamp was hit there: it moves to protected (Caffeine moves
+    it at the hit; here the move waits until it would otherwise be the
+    victim, so a lock-free hit stays a store). Protected's overflow goes to
+    probation's MRU end under a fresh tick.
+
+    The tier keeps counting ``resident``; this object keeps the segments and
+    calls ``tier._evict(page)`` for every page it chooses to leave. The page
+    being admitted is the window's MRU and is never the one that leaves, so
+    a caller can use a page right after ``make_resident``.
+
+    :param tier: the :class:`~durablekv.pages.MemoryTier` (reads ``max_pages``,
+        ``ticks``, ``resident``; calls ``_evict``).
+    """
+
+    def __init__(self, tier: Any) -> None:
+        self.tier = tier
+        self.window_cap, self.protected_cap = window_split(tier.max_pages)
+        self.heaps: tuple[list, list, list] = ([], [], [])
+        self.sizes = [0, 0, 0]
+        self.sketch = FrequencySketch(tier.max_pages)
+        self.admitted = 0   # candidates that won against a victim
+        self.rejected = 0   # candidates that lost (left memory from the window)
+
+    def _file(self, page: Any, seg: int, stamp: int) -> None:
+        page.seg = seg
+        page.heap_stamp = stamp
+        heappush(self.heaps[seg], (stamp, page))
+        self.sizes[seg] += 1
+
+    def _peek(self, seg: int) -> Any:
+        """The LRU page of segment ``seg`` (left in place), or None if it is empty."""
+        heap = self.heaps[seg]
+        while heap:
+            filed, page = heap[0]
+            if page.heap_stamp != filed or page.seg != seg:
+                heappop(heap)   # left residency (or the segment) after it was filed
+                continue
+            stamp = page.stamp
+            if stamp == filed:
+                return page
+            if seg == PROBATION:
+                heappop(heap)   # hit while in probation: promote
+                self.sizes[PROBATION] -= 1
+                self._file(page, PROTECTED, stamp)
+                self._demote()
+            else:
+                page.heap_stamp = stamp
+                heapreplace(heap, (stamp, page))
+        return None
+
+    def _take(self, seg: int) -> Any:
+        page = self._peek(seg)
+        if page is not None:
+            heappop(self.heaps[seg])
+            self.sizes[seg] -= 1
+            page.heap_stamp = -1
+        return page
+
+    def _demote(self) -> None:
+        while self.sizes[PROTECTED] > self.protected_cap:
+            page = self._take(PROTECTED)
+            tick = next(self.tier.ticks)
+            self.tier.locked_ticks += 1
+            page.set_stamp_uncounted(tick)
+            self._file(page, PROBATION, tick)
+
+    def _leave(self, page: Any) -> None:
+        """Evict ``page`` (already out of its heap) through the tier."""
+        self.tier._evict(page)
+
+    def admit(self, page: Any) -> None:
+        """``page`` just became resident (the tier counted it in ``resident`` and
+        set its stamp): file it in the window and evict until the tier fits."""
+        self._file(page, WINDOW, page.heap_stamp)
+        tier = self.tier
+        sketch = self.sketch
+        while self.sizes[WINDOW] > self.window_cap:
+            cand = self._take(WINDOW)
+            if tier.resident <= tier.max_pages:
+                self._file(cand, PROBATION, cand.stamp)
+                continue
+            victim = self._peek(PROBATION)
+            seg = PROBATION
+            if victim is None:
+                victim, seg = self._peek(PROTECTED), PROTECTED
+            if victim is None:
+                self._leave(cand)
+                self.rejected += 1
+            elif sketch.frequency(cand.page_id) > sketch.frequency(victim.page_id):
+                self._take(seg)
+                self._leave(victim)
+                self._file(cand, PROBATION, cand.stamp)
+                self.admitted += 1
+            else:
+                self._leave(cand)
+                self.rejected += 1
+        while tier.resident > tier.max_pages:   # defensive: only the window can overfill
+            for seg in (PROBATION, PROTECTED, WINDOW):
+                victim = self._take(seg)
+                if victim is not None and victim is not page:
+                    self._leave(victim)
+                    break
+                if victim is page:
+                    self._file(page, WINDOW, page.stamp)
+            else:
+                break
+
+    def left(self, page: Any) -> None:
+        """``page`` left residency outside the heaps (it became empty)."""
+        self.sizes[page.seg] -= 1
+
+    def order(self) -> list[Any]:
+        """Resident pages, next victim-side first within each segment (window,
+        probation, protected): for tests and introspection."""
+        out = []
+        for seg in (WINDOW, PROBATION, PROTECTED):
+            live = [(p.stamp, p.page_id, p) for s, p in self.heaps[seg]
+                    if p.heap_stamp == s and p.seg == seg]
+            out.extend(p for _, _, p in sorted(live, key=lambda t: t[:2]))
+        return out
+
+    def rebuild(self) -> None:
+        """Drop stale heap entries (O(resident pages))."""
+        for seg, heap in enumerate(self.heaps):
+            live = [(s, p) for s, p in heap if p.heap_stamp == s and p.seg == seg]
+            heapify(live)
+            heap[:] = live
+
+    def heap_entries(self) -> int:
+        return sum(map(len, self.heaps))
+
+    def clear(self) -> None:
+        for heap in self.heaps:
+            heap.clear()
+        self.sizes = [0, 0, 0]
