@@ -222,14 +222,19 @@ class MemoryTier:
         if page.state == PENDING:
             self.pending -= 1
         page.state = RESIDENT
-        page.stamp = page.heap_stamp = stamp = next(self.ticks)
+        stamp = next(self.ticks)
         self.locked_ticks += 1
         self.resident += 1
         if self.policy is not None:
+            # not counted: a fault counts its access (fault_pending, install),
+            # a new page the insert that follows
+            page.set_stamp_uncounted(stamp)
+            page.heap_stamp = stamp
             self.policy.admit(page)
             if self.policy.heap_entries() > 2 * self.resident + 64:
                 self.policy.rebuild()
             return
+        page.stamp = page.heap_stamp = stamp
         heappush(self.heap, (stamp, page))
         while self.resident > self.max_pages:
             self._evict(self._pop_lru())
@@ -332,12 +337,16 @@ class MemoryTier:
             self.pending += 1
             return page
         self.page_faults += 1
+        if self.policy is not None:
+            self.policy.sketch.increment(page_id)
         self.make_resident(page)
         return page
 
     def fault_pending(self, page: Page) -> None:
         """Take a pending page back from the write-behind queue (a page fault)."""
         self.page_faults += 1
+        if self.policy is not None:
+            self.policy.sketch.increment(page.page_id)
         self.make_resident(page)
 
     # -- changes ---------------------------------------------------------------
