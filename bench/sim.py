@@ -179,21 +179,33 @@ def opt(req: Requests, slots: int) -> int:
     return hits
 
 
-def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int]) -> dict[str, Any]:
-    """Hit ratios for the plot: LRU, OPT and durablekv's memory tier per page size."""
+def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int],
+           rehome: Sequence[int] = ()) -> dict[str, Any]:
+    """Hit ratios for the plots and docs/policy.md: entry-level LRU, W-TinyLFU
+    and OPT, and durablekv's memory tier per page size under ``policy="lru"``
+    (``page_lru``) and ``policy="tinylfu"`` (``page_tinylfu``); for the page
+    sizes in ``rehome`` also page-LRU with re-homing (``page_rehome``)."""
     out: dict[str, Any] = {"fractions": list(fractions), "slots": [], "lru": [], "opt": [],
-                           "page_lru": {str(ps): [] for ps in page_sizes}}
+                           "tinylfu": [],
+                           "page_lru": {str(ps): [] for ps in page_sizes},
+                           "page_tinylfu": {str(ps): [] for ps in page_sizes},
+                           "page_rehome": {str(ps): [] for ps in rehome}}
     gets = max(req.gets, 1)
     for f in fractions:
         slots = slots_for(req, f)
         out["slots"].append(slots)
         out["lru"].append(lru(req, slots) / gets)
         out["opt"].append(opt(req, slots) / gets)
+        out["tinylfu"].append(tinylfu(req, slots) / gets)
         for ps in page_sizes:
-            r = page_lru(req, ps, -(-slots // ps))
-            out["page_lru"][str(ps)].append(r["memory_hits"] / gets)
+            pages = -(-slots // ps)
+            out["page_lru"][str(ps)].append(page_lru(req, ps, pages)["memory_hits"] / gets)
+            out["page_tinylfu"][str(ps)].append(
+                page_tinylfu(req, ps, pages)["memory_hits"] / gets)
+        for ps in rehome:
+            out["page_rehome"][str(ps)].append(
+                page_rehome(req, ps, -(-slots // ps))["memory_hits"] / gets)
     return out
-
 
 class _WTinyLFU:
     """W-TinyLFU over hashable items (keys or page ids), OrderedDict segments,
