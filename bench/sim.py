@@ -213,9 +213,11 @@ class _WTinyLFU:
     tier's ``policy="tinylfu"`` runs."""
 
     def __init__(self, capacity: int) -> None:
-        from durablekv.policy import FrequencySketch, window_split
+        from durablekv.policy import FrequencySketch, WindowClimber
         self.cap = capacity
-        self.wcap, self.pcap = window_split(capacity)
+        self.climber = WindowClimber(capacity)
+        self.wcap, self.pcap = self.climber.caps()
+        self.misses = 0
         self.window: OrderedDict[Any, None] = OrderedDict()
         self.probation: OrderedDict[Any, None] = OrderedDict()
         self.protected: OrderedDict[Any, None] = OrderedDict()
@@ -243,6 +245,11 @@ class _WTinyLFU:
 
     def admit(self, x: Any) -> list[Any]:
         """Bring ``x`` in (at the window's MRU end); return the items that left."""
+        self.misses += 1
+        if self.climber.observe(self.sketch.total, self.misses):
+            self.wcap, self.pcap = self.climber.caps()
+            while len(self.protected) > self.pcap:
+                self.probation[self.protected.popitem(False)[0]] = None
         self.window[x] = None
         out: list[Any] = []
         if len(self.window) <= self.wcap:

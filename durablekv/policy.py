@@ -12,6 +12,13 @@ Efficient Cache Admission Policy", ACM TOS 2017):
 * the rest is a segmented LRU, *probation* (20%) and *protected* (80%): an
   item hit in probation moves to protected; protected's overflow goes back
   to probation's MRU end;
+* the window's share adapts (Caffeine's hill climber, :class:`WindowClimber`):
+  every ``10 * capacity`` accesses the hit ratio of the last period is
+  compared with the one before; the window keeps growing (or shrinking) by
+  6.25% of the capacity while the hit ratio improves, turns round when it
+  falls, and the step decays by 2% a period (back to 6.25% when the hit
+  ratio moves by 5 points or more: the workload changed). A recency-heavy
+  trace so gets a big window (LRU-like), a frequency-heavy one a small one;
 * when the window overflows, its LRU item (the *candidate*) and
   probation's LRU item (the *victim*) are compared by their estimated
   frequency in a :class:`FrequencySketch`; the more frequent one stays in
@@ -34,7 +41,7 @@ from __future__ import annotations
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any, Hashable
 
-__all__ = ["FrequencySketch", "TinyLFU", "POLICIES", "check_policy", "counted_page_class",
+__all__ = ["FrequencySketch", "TinyLFU", "WindowClimber", "POLICIES", "check_policy", "counted_page_class",
            "window_split"]
 
 #: The policy names ``Cache(policy=...)`` takes.
@@ -78,7 +85,7 @@ class FrequencySketch:
     :raises ValueError: ``capacity < 1``.
     """
 
-    __slots__ = ("width", "mask", "counters", "sample", "additions", "resets")
+    __slots__ = ("width", "mask", "counters", "sample", "additions", "resets", "total")
 
     MAX = 15
 
@@ -94,6 +101,7 @@ class FrequencySketch:
         self.sample = 10 * capacity
         self.additions = 0
         self.resets = 0
+        self.total = 0      # increments ever (not aged): the accesses seen
 
     def _indexes(self, key: Hashable) -> tuple[int, int, int, int]:
         # splitmix64's finaliser over Python's hash (an int hashes to itself:
@@ -119,6 +127,7 @@ class FrequencySketch:
         if c[e] < 15:
             c[e] += 1
         self.additions += 1
+        self.total += 1
         if self.additions >= self.sample:
             self.reset()
 
@@ -134,6 +143,53 @@ class FrequencySketch:
         self.counters = bytearray(self.counters.translate(_HALVE))
         self.additions //= 2
         self.resets += 1
+
+
+class WindowClimber:
+    """The window's size, tuned by hill climbing on the hit ratio (Caffeine's
+    simple climber): see the module docstring.
+
+    :param capacity: items the cache holds (>= 1).
+    """
+
+    STEP = 0.0625        # of the capacity
+    DECAY = 0.98
+    RESTART = 0.05       # a hit-ratio change this big restarts the step
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.window = float(window_split(capacity)[0])
+        self.initial_step = self.STEP * capacity
+        self.step = self.initial_step
+        self.period = 10 * capacity
+        self.previous = 0.0
+        self.base_accesses = self.base_misses = 0
+        self.adjustments = 0
+
+    def caps(self) -> tuple[int, int]:
+        """``(window, protected)`` sizes now."""
+        window = int(self.window)
+        return window, ((self.capacity - window) * 4) // 5
+
+    def observe(self, accesses: int, misses: int) -> bool:
+        """Running totals of accesses and misses; True if the window changed."""
+        n = accesses - self.base_accesses
+        if n < self.period:
+            return False
+        rate = max(0.0, 1.0 - (misses - self.base_misses) / n)
+        change = rate - self.previous
+        if change < 0:
+            self.step = -self.step
+        top = max(1.0, self.capacity - 1.0)
+        self.window = min(max(1.0, self.window + self.step), top)
+        if abs(change) >= self.RESTART:
+            self.step = self.initial_step if self.step > 0 else -self.initial_step
+        else:
+            self.step *= self.DECAY
+        self.previous = rate
+        self.base_accesses, self.base_misses = accesses, misses
+        self.adjustments += 1
+        return True
 
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
@@ -209,10 +265,12 @@ class TinyLFU:
 
     def __init__(self, tier: Any) -> None:
         self.tier = tier
-        self.window_cap, self.protected_cap = window_split(tier.max_pages)
+        self.climber = WindowClimber(tier.max_pages)
+        self.window_cap, self.protected_cap = self.climber.caps()
         self.heaps: tuple[list, list, list] = ([], [], [])
         self.sizes = [0, 0, 0]
         self.sketch = FrequencySketch(tier.max_pages)
+        self.misses = 0     # admissions (new or faulted pages)
         self.admitted = 0   # candidates that won against a victim
         self.rejected = 0   # candidates that lost (left memory from the window)
 
@@ -269,6 +327,10 @@ class TinyLFU:
         self._file(page, WINDOW, page.heap_stamp)
         tier = self.tier
         sketch = self.sketch
+        self.misses += 1
+        if self.climber.observe(sketch.total, self.misses):
+            self.window_cap, self.protected_cap = self.climber.caps()
+            self._demote()
         while self.sizes[WINDOW] > self.window_cap:
             cand = self._take(WINDOW)
             if tier.resident <= tier.max_pages:

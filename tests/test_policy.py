@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from durablekv import Cache
 from durablekv.errors import ConfigError
 from durablekv.pages import EMPTY, PENDING, RESIDENT, MemoryTier
-from durablekv.policy import FrequencySketch, window_split
+from durablekv.policy import FrequencySketch, WindowClimber, window_split
 
 from .conftest import check_table, opened
 
@@ -223,3 +223,35 @@ def test_tinylfu_cache_counts_lock_free_hits_in_the_sketch(tmp_path):
             assert c["a"] == 1
         assert c._tier.policy.sketch.frequency(page.page_id) == min(before + 5, 15)
         assert c.stats().memory_hits == 5
+
+
+def test_the_window_climbs_while_the_hit_ratio_improves_and_turns_when_it_falls():
+    c = WindowClimber(100)                  # period 1000 accesses, step 6.25
+    assert c.caps() == (1, 79)
+    assert not c.observe(999, 500)          # not a whole period yet
+    assert c.observe(1000, 500)             # 0.0 -> 0.5: up
+    assert c.window == pytest.approx(7.25)
+    assert c.observe(2000, 900)             # 0.5 -> 0.6: up again
+    assert c.window == pytest.approx(13.5)
+    assert c.observe(3000, 1500)            # 0.6 -> 0.4: turn round
+    assert c.window == pytest.approx(7.25)
+    assert c.observe(4000, 2099)            # 0.4 -> 0.401: same way, decayed step
+    assert c.window == pytest.approx(7.25 - 6.25)
+    assert c.step == pytest.approx(-6.25 * 0.98)
+    assert c.caps() == (1, 79)              # never below one item
+
+
+def test_the_tier_feeds_its_climber_and_follows_its_window():
+    """Every admission reports the tier's accesses and misses to the climber;
+    the segments take the sizes it sets (a mixed cyclic workload moves it)."""
+    t = MemoryTier(page_size=1, max_pages=100, policy="tinylfu")
+    for i in range(30_000):
+        access(t, (i // 7) % 150 if i % 2 else i % 97)
+        if i % 50 == 0:
+            flush_all(t)
+    assert t.policy.climber.adjustments > 10
+    assert t.policy.window_cap > 1
+    assert (t.policy.window_cap, t.policy.protected_cap) == t.policy.climber.caps()
+    assert t.policy.sizes[2] <= t.policy.protected_cap
+    assert t.resident <= 100
+    check_table(t)
