@@ -97,45 +97,66 @@ def page_lru(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
 
     Returns ``memory_hits``, ``store_hits``, ``misses`` (gets) and ``page_faults``.
     """
+    return _pages(req, page_size, _PageLRU(max_pages), "page_lru")
+
+
+class _PageLRU:
+    """LRU of page ids (an OrderedDict), with :class:`_WTinyLFU`'s interface."""
+
+    def __init__(self, max_pages: int) -> None:
+        self.max_pages = max_pages
+        self.od: OrderedDict[int, None] = OrderedDict()
+
+    def access(self, p: int) -> bool:
+        if p in self.od:
+            self.od.move_to_end(p)
+            return True
+        return False
+
+    def admit(self, p: int) -> list[int]:
+        od = self.od
+        od[p] = None
+        out = []
+        while len(od) > self.max_pages:
+            out.append(od.popitem(False)[0])
+        return out
+
+    def born(self, p: int) -> None:
+        """A new page is made for the open page's successor."""
+
+
+def _pages(req: Requests, page_size: int, pol: Any, name: str) -> dict[str, int]:
+    """The memory tier's page loop under the policy ``pol`` (access / admit / born)."""
     if DELETE in req.ops:
-        raise ValueError("page_lru does not model deletes (the free list)")
+        raise ValueError(f"{name} does not model deletes (the free list)")
+    access, admit = pol.access, pol.admit
     page_of: dict[Any, int] = {}
-    resident: OrderedDict[int, None] = OrderedDict()
-    move, popfirst = resident.move_to_end, resident.popitem
-    open_page = -1
-    open_used = page_size
-    next_id = 0
+    open_page, open_used, next_id = -1, page_size, 0
     mem = store = miss = faults = 0
     for op, k in zip(req.ops, req.keys):
         p = page_of.get(k)
         if p is not None:
-            if p in resident:
-                move(p)
+            if access(p):
                 if op == GET:
                     mem += 1
                 continue
             faults += 1
             if op == GET:
                 store += 1
-            resident[p] = None          # fault the page back in, at the MRU end
-            while len(resident) > max_pages:
-                victim = popfirst(False)[0]
-                if victim == open_page:
-                    open_page, open_used = -1, page_size
+            if open_page in admit(p):   # fault the page back in, at the MRU end
+                open_page, open_used = -1, page_size
             continue
         if op == GET:
             miss += 1                   # look-aside: a miss is followed by a set
         if open_used >= page_size:      # the open page is full (or was evicted)
             open_page, open_used = next_id, 0
             next_id += 1
-            resident[open_page] = None
-            while len(resident) > max_pages:
-                victim = popfirst(False)[0]
-                if victim == open_page:  # pragma: no cover - cannot be the MRU page
-                    open_page = -1
+            pol.born(open_page)
+            admit(open_page)   # the new page is the MRU (window's MRU): never the one out
+        else:
+            access(open_page)
         page_of[k] = open_page
         open_used += 1
-        move(open_page)
     return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults}
 
 
@@ -239,6 +260,10 @@ class _WTinyLFU:
             return False
         return True
 
+    def born(self, p: Any) -> None:
+        """A new page: its first insert counts as an access."""
+        self.sketch.increment(p)
+
     def remove(self, x: Any) -> None:
         for seg in (self.window, self.probation, self.protected):
             seg.pop(x, None)
@@ -291,38 +316,7 @@ def tinylfu(req: Requests, slots: int) -> int:
 def page_tinylfu(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
     """:func:`page_lru` with the memory tier's ``policy="tinylfu"``: W-TinyLFU over
     pages, the sketch counting accesses per page. Same counts returned."""
-    if DELETE in req.ops:
-        raise ValueError("page_tinylfu does not model deletes (the free list)")
-    pol = _WTinyLFU(max_pages)
-    access, admit = pol.access, pol.admit
-    page_of: dict[Any, int] = {}
-    open_page, open_used, next_id = -1, page_size, 0
-    mem = store = miss = faults = 0
-    for op, k in zip(req.ops, req.keys):
-        p = page_of.get(k)
-        if p is not None:
-            if access(p):
-                if op == GET:
-                    mem += 1
-                continue
-            faults += 1
-            if op == GET:
-                store += 1
-            if open_page in admit(p):
-                open_page, open_used = -1, page_size
-            continue
-        if op == GET:
-            miss += 1
-        if open_used >= page_size:
-            open_page, open_used = next_id, 0
-            next_id += 1
-            pol.sketch.increment(open_page)
-            admit(open_page)   # the new page itself is the window's MRU: never the one out
-        else:
-            access(open_page)
-        page_of[k] = open_page
-        open_used += 1
-    return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults}
+    return _pages(req, page_size, _WTinyLFU(max_pages), "page_tinylfu")
 
 
 def page_rehome(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
