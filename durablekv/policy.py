@@ -47,7 +47,6 @@ __all__ = ["FrequencySketch", "TinyLFU", "WindowClimber", "POLICIES", "check_pol
 #: The policy names ``Cache(policy=...)`` takes.
 POLICIES = ("lru", "tinylfu")
 
-_M64 = (1 << 64) - 1
 #: ``bytes.translate`` table halving every counter (the sketch's aging).
 _HALVE = bytes(i >> 1 for i in range(256))
 
@@ -104,12 +103,10 @@ class FrequencySketch:
         self.total = 0      # increments ever (not aged): the accesses seen
 
     def _indexes(self, key: Hashable) -> tuple[int, int, int, int]:
-        # splitmix64's finaliser over Python's hash (an int hashes to itself:
-        # structured keys need the mixing), then double hashing h + i*g
-        h = hash(key) & _M64
-        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _M64
-        h ^= h >> 31
+        # One C call mixes the key: a tuple's hash runs xxHash rounds over its
+        # items' hashes (an int hashes to itself, so structured int keys need
+        # it); then double hashing h + i*g, one index per row.
+        h = hash((key, 0x9E3779B9))
         g = (h >> 32) | 1
         m, w = self.mask, self.width
         return (h & m, w + ((h + g) & m), 2 * w + ((h + 2 * g) & m), 3 * w + ((h + 3 * g) & m))
@@ -117,15 +114,13 @@ class FrequencySketch:
     def increment(self, key: Hashable) -> None:
         """Count one access to ``key``; halve every counter every ``sample`` accesses."""
         c = self.counters
-        a, b, d, e = self._indexes(key)
-        if c[a] < 15:
-            c[a] += 1
-        if c[b] < 15:
-            c[b] += 1
-        if c[d] < 15:
-            c[d] += 1
-        if c[e] < 15:
-            c[e] += 1
+        h = hash((key, 0x9E3779B9))     # _indexes, inlined: this is a memory hit's cost
+        g = (h >> 32) | 1
+        m, w = self.mask, self.width
+        for i in (h & m, w + ((h + g) & m), 2 * w + ((h + 2 * g) & m),
+                  3 * w + ((h + 3 * g) & m)):
+            if c[i] < 15:
+                c[i] += 1
         self.additions += 1
         self.total += 1
         if self.additions >= self.sample:
