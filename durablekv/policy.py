@@ -34,6 +34,12 @@ separately would need a per-page sum of 16 estimates at every admission and
 would credit a page for entries that have moved out of it. Page ids come
 back through the free list; a reused id inherits the old page's counts
 until aging halves them away.
+
+Threads: the cache's lock-free memory hit increments the sketch without the
+lock. Two increments at once can lose one count, and an increment during a
+halving can land in the old counters; both only make an estimate a little
+low, which admission tolerates. Everything else here runs under the cache
+lock.
 """
 
 from __future__ import annotations
