@@ -28,7 +28,7 @@ import shlex
 import sqlite3
 from dataclasses import dataclass, field
 
-from .cache import LOCK_FILE, lock_directory, lock_owner_pid
+from .dirlock import LOCK_FILE, lock_directory, lock_owner_pid
 from .codec import SafeCodec, canonical_key, decode_key
 from .errors import CacheLockedError
 from .replaylog import (OP_SET, _record_offset, list_segments,

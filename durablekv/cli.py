@@ -24,7 +24,7 @@ import time
 from typing import Any, Sequence
 
 from . import __version__
-from .cache import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
+from .config import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
 from .traces import FORMATS, open_trace, zipf_workload
 

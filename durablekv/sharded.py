@@ -387,7 +387,7 @@ def sum_stats(parts: list[CacheStats]) -> CacheStats:
 
 
 def _check_timeout(timeout: Any) -> float:
-    from .cache import _check_timeout as check
+    from .config import _check_timeout as check
     return check(timeout)
 
 

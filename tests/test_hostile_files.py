@@ -276,7 +276,7 @@ def test_a_log_cut_back_behind_a_deleted_store_is_refused_not_started_empty(tmp_
     next open meets a new empty store and a log starting past LSN 1, and
     refuses the gap (check reports it) instead of starting empty."""
     from durablekv import DurableKVError, LogCorruptionError
-    from durablekv.cache import MIN_SEGMENT_BYTES
+    from durablekv.config import MIN_SEGMENT_BYTES
     d = tmp_path / "c"
     cache = Cache(d, segment_bytes=MIN_SEGMENT_BYTES, **NEVER)
     for i in range(400):
@@ -343,7 +343,7 @@ def test_a_segment_the_directory_refuses_is_log_write_error_not_permission_error
     import errno
     import os as _os
     from durablekv import LogWriteError
-    from durablekv.cache import MIN_SEGMENT_BYTES
+    from durablekv.config import MIN_SEGMENT_BYTES
     d = tmp_path / "c"
     cache = Cache(d, segment_bytes=MIN_SEGMENT_BYTES, **NEVER)
     real_open = _os.open
@@ -369,7 +369,7 @@ def test_a_segment_the_directory_refuses_is_log_write_error_not_permission_error
 
 
 def test_the_over_limit_message_does_not_advise_raising_a_limit_at_its_maximum(tmp_path):
-    from durablekv.cache import MAX_VALUE_BYTES_LIMIT
+    from durablekv.config import MAX_VALUE_BYTES_LIMIT
     with Cache(tmp_path / "a", max_value_bytes=10) as cache:
         with pytest.raises(ValueError, match="raise max_value_bytes"):
             cache["k"] = b"x" * 11

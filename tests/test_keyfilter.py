@@ -257,7 +257,7 @@ def test_a_flush_that_outgrows_the_filter_adds_every_slice(tmp_path, small_filte
     and starts a build, which the next cycle's scan completes. The later
     slices still go into the filter in use: their pages are dropped at the
     end of this flush, before that scan."""
-    import durablekv.cache as cache_mod
+    import durablekv.writeback as cache_mod
     monkeypatch.setattr(cache_mod, "_FILTER_SLICE", 64)
     with Cache(tmp_path / "c", page_size=4, max_pages=2, **NEVER) as cache:
         old = cache._filter
