@@ -3,8 +3,11 @@ two source trees of durablekv side by side, in one run.
 
 Each round runs, in a fresh subprocess per tree (alternating, so load on the
 machine falls on both alike): ``set`` (durability="log", 100-byte values),
-``get`` hits served from memory, and page faults (a memory tier far smaller
-than the keys, random gets); the get cases take the best of 5 passes. Prints per case the median ns/op of each tree
+``get`` hits served from memory, page faults (a memory tier far smaller
+than the keys, random gets), and the look-aside replay of a prefix of the
+cache2k orm-busy trace (``--trace``; get, set on a miss, a memory tier of 10%
+of its distinct keys, as ``bench/macro.py`` replays it; ns per request); the
+get cases take the best of 5 passes. Prints per case the median ns/op of each tree
 over the rounds, the spread (min-max), and the ratio THIS/BASE. Used to check
 that a change (page checksums) costs nothing on set and get hits.
 """
@@ -44,19 +47,39 @@ with tempfile.TemporaryDirectory() as d:
     out["page_fault"] = min(timeit.repeat(lambda: [g(k) for k in probe], number=1,
                                           repeat=5)) / len(probe) * 1e9
     c.close()
+    trace, prefix = sys.argv[2], int(sys.argv[3])
+    if trace:
+        from array import array
+        keys = array("i")
+        with open(trace, "rb") as f:
+            keys.frombytes(f.read(4 * prefix))
+        if sys.byteorder == "little":
+            keys.byteswap()
+        keys = keys.tolist()
+        max_pages = max(1, len(set(keys)) // 10 // 16)
+        c = Cache(d + "/r", page_size=16, max_pages=max_pages, durability="log")
+        get, set_ = c.get, c.set
+        t = time.perf_counter_ns()
+        for k in keys:
+            if get(k) is None:
+                set_(k, val)
+        out["orm_busy_replay"] = (time.perf_counter_ns() - t) / len(keys)
+        c.close()
 print(json.dumps(out))
 """
 
 
-def _once(tree: str, n: int) -> dict[str, float]:
+def _once(tree: str, n: int, trace: str = "", prefix: int = 0) -> dict[str, float]:
     import site
     # -S: no site processing, so an editable install's path hook cannot put
     # this checkout's package (or its migrations) in front of ``tree``'s
     path = os.pathsep.join([os.path.abspath(tree), *site.getsitepackages()])
     env = dict(os.environ, PYTHONPATH=path)
     with tempfile.TemporaryDirectory():
-        res = subprocess.run([sys.executable, "-S", "-c", _CHILD, str(n)], env=env,
-                             check=True, capture_output=True, text=True)
+        res = subprocess.run([sys.executable, "-S", "-c", _CHILD, str(n), trace, str(prefix)],
+                             env=env, capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"the benchmark child for {tree} failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -67,11 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("this", nargs="?", default=".", help="this tree (default: .)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("-n", type=int, default=100_000, help="keys per round")
+    here = os.path.dirname(os.path.abspath(__file__))
+    p.add_argument("--trace", default=os.path.join(here, "..", "..", "shared", "traces",
+                                                   "cache2k_orm-busy.i32be"),
+                   help="orm-busy trace (big-endian int32 keys); '' skips the replay case")
+    p.add_argument("--prefix", type=int, default=500_000, help="trace requests replayed")
     args = p.parse_args(argv)
     runs: dict[str, list[dict[str, float]]] = {"base": [], "this": []}
     for _ in range(args.rounds):
-        runs["base"].append(_once(args.base, args.n))
-        runs["this"].append(_once(args.this, args.n))
+        trace = args.trace if args.trace and os.path.exists(args.trace) else ""
+        runs["base"].append(_once(args.base, args.n, trace, args.prefix))
+        runs["this"].append(_once(args.this, args.n, trace, args.prefix))
     print(f"{'case':16} {'base ns/op':>22} {'this ns/op':>22} {'this/base':>9}")
     for case in runs["base"][0]:
         b = [r[case] for r in runs["base"]]

@@ -49,7 +49,7 @@ from .pages import HAS_TTL, MemoryTier, RESIDENT
 from .recovery import Recovery, _gc_paused
 from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments
 from .scan import Scans
-from .store import SQLitePageStore, STORE_FILE
+from .stores.sqlite import SQLitePageStore, STORE_FILE
 from .writeback import WriteBack
 from .writes import WritePath
 

@@ -33,8 +33,9 @@ from .codec import SafeCodec, canonical_key, decode_key
 from .errors import CacheLockedError
 from .replaylog import (OP_SET, _record_offset, list_segments,
                         scan_segment_file, start_gap_detail)
-from .store import (STORE_FILE, decode_page, meta_problems, migration_files, page_crc,
-                    read_only_uri)
+from .stores.base import meta_problems
+from .stores.pageformat import decode_page, page_crc
+from .stores.sqlite import STORE_FILE, migration_files, read_only_uri
 
 __all__ = ["check_directory", "CheckResult"]
 

@@ -16,7 +16,7 @@ from typing import Any
 from . import codec as _codec
 from .errors import ConfigError
 from .pages import PAGE_BYTES_LIMIT
-from .store import PAGE_SIZE_MAX
+from .stores.pageformat import PAGE_SIZE_MAX
 
 
 _MISSING: Any = object()

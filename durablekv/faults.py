@@ -15,7 +15,8 @@ from . import codec as _codec
 from .config import _U32_PACK
 from .errors import CorruptStoreError
 from .pages import Page
-from .store import ASCII_KEYS, INT_KEYS, RAW_BYTES, mark_damaged, page_columns, split_page
+from .stores.pageformat import ASCII_KEYS, INT_KEYS, RAW_BYTES, page_columns, split_page
+from .stores.sqlite import mark_damaged
 
 
 class PageFaults:

@@ -25,7 +25,8 @@ from .errors import CorruptStoreError, StoreError
 from .expiry import _SWEEP_RETRY
 from .keyfilter import KeyFilter
 from .pages import EMPTY
-from .store import ASCII_KEYS, PageImage, RAW_BYTES, encode_columns, encode_page
+from .stores.base import PageImage
+from .stores.pageformat import ASCII_KEYS, RAW_BYTES, encode_columns, encode_page
 
 if TYPE_CHECKING:
     from .cache import Cache

@@ -11,7 +11,7 @@ import pytest
 from durablekv import Cache
 from durablekv.aio import AsyncCache
 from durablekv.replaylog import ReplayLog
-from durablekv.store import SQLitePageStore
+from durablekv.stores.sqlite import SQLitePageStore
 
 
 def run(coro):

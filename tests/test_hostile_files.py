@@ -317,7 +317,7 @@ def test_deleting_the_active_log_segment_while_open_fails_loudly(tmp_path, durab
 def test_the_sqlite_wal_is_cut_back_while_the_cache_runs(tmp_path, monkeypatch):
     """Many flushes of a store several times the WAL limit: the -wal file
     stays near the limit while open instead of growing with the load."""
-    from durablekv.store import SQLitePageStore
+    from durablekv.stores.sqlite import SQLitePageStore
     limit = 256 << 10
     monkeypatch.setattr(SQLitePageStore, "wal_size_limit", limit)
     d = tmp_path / "c"

@@ -307,7 +307,7 @@ def state(cache: Cache) -> dict:
 def stored_entries(cache: Cache) -> dict:
     """After a flush: every stored entry (key type and object, encoded value,
     expire_at), by canonical key; and the store's counts."""
-    from durablekv.store import decode_page
+    from durablekv.stores.pageformat import decode_page
     cache.flush()
     with cache._lock:
         rows = cache._store._r.execute("SELECT data FROM pages").fetchall()

@@ -1,0 +1,6 @@
+"""Page stores: the :class:`~durablekv.stores.base.PageStore` protocol and its implementations.
+
+* :mod:`durablekv.stores.base`: the protocol and the contracts every store keeps.
+* :mod:`durablekv.stores.pageformat`: the page blob format all stores share.
+* :mod:`durablekv.stores.sqlite`: ``SQLitePageStore``, ``pages.sqlite3`` in the cache directory.
+"""
