@@ -1,0 +1,70 @@
+"""The store factory the conformance suite runs against: one per PageStore implementation.
+
+A factory opens a store at one fixed location (every ``open()`` reopens the
+same one), and knows the few implementation-specific moves a test needs:
+damage a stored page, write a raw meta value, and open the store in a child
+process (for the kill test). Add an implementation by adding a factory class
+and its name to ``STORES``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durablekv.stores.sqlite import STORE_FILE, SQLitePageStore
+
+
+class SQLiteFactory:
+    """``SQLitePageStore`` in a temporary cache directory."""
+
+    name = "sqlite"
+    #: a method called inside the batch's transaction, just before it commits
+    commit_hook = "_commit"
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.directory = tmp_path / "store"
+        self.directory.mkdir()
+
+    def open(self, **kw: Any) -> SQLitePageStore:
+        return SQLitePageStore(self.directory, **kw)
+
+    def child_source(self) -> str:
+        """Python source run in a child: defines ``store`` (opened at this factory's location)."""
+        return textwrap.dedent(f"""
+            from durablekv.stores.sqlite import SQLitePageStore
+            store = SQLitePageStore({str(self.directory)!r})
+        """)
+
+    def _sql(self, statement: str, params: tuple = ()) -> list:
+        conn = sqlite3.connect(self.directory / STORE_FILE)
+        try:
+            with conn:
+                return conn.execute(statement, params).fetchall()
+        finally:
+            conn.close()
+
+    def corrupt_page(self, page_id: int) -> None:
+        """Flip a bit in the last byte of a stored page's blob (store closed);
+        its checksum stays as it was."""
+        (data,), = self._sql("SELECT data FROM pages WHERE page_id = ?", (page_id,))
+        self._sql("UPDATE pages SET data = ? WHERE page_id = ?",
+                  (data[:-1] + bytes([data[-1] ^ 1]), page_id))
+
+    def set_meta(self, name: str, value: Any) -> None:
+        """Write a raw meta value (store closed)."""
+        self._sql("UPDATE meta SET value = ? WHERE name = ?", (value, name))
+
+
+STORES = {"sqlite": SQLiteFactory}
+
+
+@pytest.fixture(params=sorted(STORES))
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A factory for each PageStore implementation (the conformance suite runs once per store)."""
+    return STORES[request.param](tmp_path)
+
