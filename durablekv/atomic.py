@@ -13,7 +13,7 @@ from typing import Any
 
 from . import codec as _codec
 from .config import _MISSING, _check_counter_args, _check_expire, _tags_refused
-from .replaylog import OP_DELETE
+from .logsegments import OP_DELETE
 
 
 class AtomicOps:

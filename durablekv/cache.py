@@ -47,7 +47,8 @@ from .lifecycle import Lifecycle, _open_caches
 from .memoize import memoize as _memoize
 from .pages import HAS_TTL, MemoryTier, RESIDENT
 from .recovery import Recovery, _gc_paused
-from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog, _first_lsn_of, list_segments
+from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, _first_lsn_of, list_segments
+from .replaylog import ReplayLog
 from .scan import Scans
 from .stores.sqlite import SQLitePageStore, STORE_FILE
 from .writeback import WriteBack

@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from .dirlock import LOCK_FILE, lock_directory, lock_owner_pid
 from .codec import SafeCodec, canonical_key, decode_key
 from .errors import CacheLockedError
-from .replaylog import (OP_SET, _record_offset, list_segments,
-                        scan_segment_file, start_gap_detail)
+from .logsegments import OP_SET, _record_offset, list_segments, scan_segment_file, start_gap_detail
 from .stores.base import meta_problems
 from .stores.pageformat import decode_page, page_crc
 from .stores.sqlite import STORE_FILE, migration_files, read_only_uri
@@ -310,7 +309,7 @@ def _undecodable(rec: tuple, values) -> str | None:
 
 def _check_log(directory: str, checkpoint: int, r: CheckResult,
                serializer: str | None = None) -> None:
-    """Read the log as the next open will (:func:`~durablekv.replaylog.scan_segment`):
+    """Read the log as the next open will (:func:`~durablekv.logsegments.scan_segment`):
     damage or an LSN gap that can hide only records at or below the
     checkpoint loses nothing, and recovery steps over it, so it is a note."""
     segments = list_segments(directory)

@@ -24,7 +24,7 @@ from . import codec as _codec
 from .config import _MISSING, _REAL_MONOTONIC
 from .errors import LogCorruptionError
 from .pages import RESIDENT
-from .replaylog import OP_CLEAR, OP_DELETE, OP_SET, locate_record
+from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, locate_record
 
 
 # fields of a recovered log record (lsn, op, key, value, expire_at)

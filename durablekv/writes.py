@@ -18,7 +18,7 @@ from .config import (MAX_KEY_BYTES, MAX_VALUE_BYTES_LIMIT, _FAILED, _MISSING, _O
 from .errors import LogWriteError, WriteBehindError
 from .keyfilter import KeyFilter
 from .pages import RESIDENT
-from .replaylog import OP_SET
+from .logsegments import OP_SET
 
 
 class WritePath:

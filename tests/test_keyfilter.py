@@ -368,7 +368,7 @@ def test_recovery_that_flushes_at_open_fills_the_filter(tmp_path, how):
     filter when open returns."""
     from pathlib import Path
 
-    from durablekv.replaylog import HEADER, MAGIC, list_segments
+    from durablekv.logsegments import HEADER, MAGIC, list_segments
 
     from .test_recovery import crash
     d = tmp_path / "c"

@@ -14,7 +14,6 @@ import select
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
