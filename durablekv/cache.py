@@ -50,7 +50,8 @@ from .recovery import Recovery, _gc_paused
 from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, _first_lsn_of, list_segments
 from .replaylog import ReplayLog
 from .scan import Scans
-from .stores.sqlite import SQLitePageStore, STORE_FILE
+from .stores.sqlite import SQLitePageStore
+from .stores.sqlitefile import STORE_FILE
 from .writeback import WriteBack
 from .writes import WritePath
 

@@ -34,7 +34,7 @@ from .errors import CacheLockedError
 from .logsegments import OP_SET, _record_offset, list_segments, scan_segment_file, start_gap_detail
 from .stores.base import meta_problems
 from .stores.pageformat import decode_page, page_crc
-from .stores.sqlite import STORE_FILE, migration_files, read_only_uri
+from .stores.sqlitefile import STORE_FILE, migration_files, read_only_uri
 
 __all__ = ["check_directory", "CheckResult"]
 

@@ -548,7 +548,7 @@ def _stored_serializer(directory: str) -> str | None:
     """The serializer a store was created with (its meta table), read
     without opening the cache; None when there is no store to read it from.
     A store that cannot be read is left for the open to report."""
-    from .stores.sqlite import STORE_FILE, read_only_uri
+    from .stores.sqlitefile import STORE_FILE, read_only_uri
     path = os.path.join(directory, STORE_FILE)
     if not os.path.isfile(path):
         return None
@@ -572,7 +572,7 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
     if not os.path.isdir(directory):
         raise ConfigError(f"{directory!r} is a file, not a cache directory")
     from .logsegments import list_segments
-    from .stores.sqlite import STORE_FILE
+    from .stores.sqlitefile import STORE_FILE
     store = os.path.join(directory, STORE_FILE)
     if not list_segments(directory) and not (os.path.exists(store) and os.path.getsize(store)):
         # Opening would make a new, empty cache here (an empty file is what

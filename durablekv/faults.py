@@ -16,7 +16,7 @@ from .config import _U32_PACK
 from .errors import CorruptStoreError
 from .pages import Page
 from .stores.pageformat import ASCII_KEYS, INT_KEYS, RAW_BYTES, page_columns, split_page
-from .stores.sqlite import mark_damaged
+from .stores.sqlitefile import mark_damaged
 
 
 class PageFaults:

@@ -20,7 +20,8 @@ from durablekv.check import CheckResult, _check_store
 from durablekv.pages import EMPTY
 from durablekv.stores.base import PageImage
 from durablekv.stores.pageformat import encode_page
-from durablekv.stores.sqlite import SQLitePageStore, read_only_uri
+from durablekv.stores.sqlite import SQLitePageStore
+from durablekv.stores.sqlitefile import read_only_uri
 
 from .conftest import Clock, opened
 

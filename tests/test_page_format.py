@@ -14,7 +14,7 @@ from durablekv.check import check_directory
 from durablekv.cli import main
 from durablekv.stores.pageformat import (ASCII_KEYS, INT_KEYS, NO_TTL, RAW_BYTES, decode_page,
                                          encode_page, page_columns, page_layout, split_page)
-from durablekv.stores.sqlite import migration_files
+from durablekv.stores.sqlitefile import migration_files
 
 from .conftest import reseal_pages
 

@@ -2,5 +2,6 @@
 
 * :mod:`durablekv.stores.base`: the protocol and the contracts every store keeps.
 * :mod:`durablekv.stores.pageformat`: the page blob format all stores share.
-* :mod:`durablekv.stores.sqlite`: ``SQLitePageStore``, ``pages.sqlite3`` in the cache directory.
+* :mod:`durablekv.stores.sqlite`: ``SQLitePageStore``, ``pages.sqlite3`` in the cache directory;
+  :mod:`durablekv.stores.sqlitefile`: that file's name, damage marker, header check, migrations.
 """

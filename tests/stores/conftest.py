@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from durablekv.stores.sqlite import STORE_FILE, SQLitePageStore
+from durablekv.stores.sqlite import SQLitePageStore
+from durablekv.stores.sqlitefile import STORE_FILE
 
 
 class SQLiteFactory:
