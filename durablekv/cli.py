@@ -428,7 +428,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a damaged page store: stop (default), or move it aside and start "
                    "empty, then apply the replay log (as replay --on-corruption does)")
     s.set_defaults(func=_cmd_salvage)
-    for sp in (p, c, s):
+
+    b = sub.add_parser("llm-bench", help="LLM KV blocks: batching, prefix caching, durable tier",
+                       description="Run seeded multi-turn chats through the paged KV cache "
+                       "(durablekv.llm; needs the llm extra) and compare, in one run, static vs "
+                       "continuous batching and prefix caching off / memory / memory + "
+                       "durablekv / after a restart. See docs/llm.md.")
+    b.add_argument("--json", metavar="OUT", help="also write the report as JSON to this file")
+    b.add_argument("--quick", action="store_true", help="a small run (a few seconds), no plots")
+    b.add_argument("--plots", metavar="DIR", help="write PNG plots here (default: docs/bench "
+                   "when run from the repository, except with --quick)")
+    b.add_argument("--repeats", type=_positive_int, help="runs per configuration (default 3; "
+                   "1 with --quick); medians with min/max")
+    b.add_argument("--output-spread", type=_float_between(0.0, 1.0),
+                   help="output lengths vary by this share around their mean (default 0.5)")
+    b.add_argument("--seed", type=int, default=0, help="workload and weight seed (default 0)")
+    b.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="always show a progress bar (default: only on a terminal)")
+    b.add_argument("--no-progress", dest="progress", action="store_false")
+    b.set_defaults(func=_cmd_llm_bench)
+    for sp in (p, c, s, b):
         sp.set_defaults(flags=frozenset(sp._option_string_actions))
 
     from .server.command import add_arguments as _serve_arguments  # no FastAPI import
@@ -533,6 +552,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return 1 if json_failed else 0
+
+
+def _cmd_llm_bench(args: argparse.Namespace) -> int:
+    # The model's matrices are tiny: threaded BLAS only adds hand-offs (about 6x
+    # slower on a shared 2-core machine). Must be set before numpy loads.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    try:
+        from .llm.bench import main as llm_bench  # numpy: the llm extra
+    except ImportError as exc:
+        print(f"durablekv: llm-bench needs numpy ({exc}); pip install 'durablekv[llm]'",
+              file=sys.stderr)
+        return 2
+    return llm_bench(args)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

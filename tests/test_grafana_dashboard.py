@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from durablekv.llm.metrics import KVPoolCollector
 from durablekv.metrics import CacheCollector
 from durablekv.stats import FLUSH_PAGES_BUCKETS, FLUSH_SECONDS_BUCKETS, CacheStats, Histogram
 
@@ -49,8 +51,22 @@ def panels(dashboard: dict) -> list[dict]:
     return [p for p in out if p.get("type") != "row"]
 
 
+class StubPool:
+    """A block pool for KVPoolCollector (durablekv.llm.metrics needs no numpy)."""
+
+    store = None
+
+    def stats(self):
+        return SimpleNamespace(num_blocks=1, free_blocks=1, cached_free_blocks=0, usage=0.0,
+                               prefix_queries_tokens=0, prefix_hits_memory_tokens=0,
+                               prefix_hits_durable_tokens=0, preemptions=0, evictions=0,
+                               spilled_blocks=0)
+
+
 def exposed_sample_names() -> set[str]:
-    return {s.name for family in CacheCollector(StubCache()).collect() for s in family.samples}
+    names = {s.name for family in CacheCollector(StubCache()).collect() for s in family.samples}
+    return names | {s.name for family in KVPoolCollector(StubPool()).collect()
+                    for s in family.samples}
 
 
 def test_dashboard_identity(dashboard):

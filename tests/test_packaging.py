@@ -19,6 +19,7 @@ def test_wheel_ships_migrations_and_works_outside_the_tree(tmp_path):
     (wheel,) = wheels.glob("durablekv-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "durablekv/migrations/0001_init.sql" in names
+    assert "durablekv/llm/pool.py" in names
     assert not any(n.startswith("tests/") for n in names)
 
     target = tmp_path / "site"

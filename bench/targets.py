@@ -1,10 +1,10 @@
-"""Copy the generated target table from docs/performance.md into README.md.
+"""Copy the generated target table from docs/performance.md into docs/performance-notes.md.
 
-The README shows the table between ``<!-- bench:targets -->`` and
+The notes show the table between ``<!-- bench:targets -->`` and
 ``<!-- /bench:targets -->``; this keeps it a copy of what the bench measured
 rather than hand-typed numbers. Run after ``python -m bench``:
 
-    python -m bench.readme
+    python -m bench.targets
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ def main() -> None:
         raise SystemExit("docs/performance.md has no Machine/Targets section; run python -m bench")
     block = ("<!-- bench:targets -->\n" + targets.group(1).strip() + "\n\nMeasured on:\n\n"
              + machine.group(1).strip() + "\n<!-- /bench:targets -->")
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "performance-notes.md"
     text = readme.read_text(encoding="utf-8")
     new, n = re.subn(r"<!-- bench:targets -->.*?<!-- /bench:targets -->", lambda _: block,
                      text, flags=re.S)
     if n != 1:
-        raise SystemExit("README.md has no <!-- bench:targets --> block")
+        raise SystemExit("docs/performance-notes.md has no <!-- bench:targets --> block")
     readme.write_text(new, encoding="utf-8")
 
 

@@ -1,0 +1,88 @@
+"""``durablekv llm-bench --quick`` runs end to end through the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = ("static", "continuous", "prefix_off", "prefix_memory", "prefix_durable",
+        "prefix_after_restart")
+
+
+def run_cli(*args, env=None, cwd=None):
+    full = dict(os.environ, PYTHONPATH=str(REPO))
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "durablekv", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd or REPO, env=full)
+
+
+def test_quick_bench_report(tmp_path):
+    out = tmp_path / "llm.json"
+    proc = run_cli("llm-bench", "--quick", "--json", str(out), "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    for key in KEYS:
+        x = r[key]
+        for field in ("tokens_per_s", "ttft_p50_s", "ttft_p99_s", "prefix_hit_rate",
+                      "tpot_p50_s", "tpot_p99_s", "preemptions", "kv_usage_mean"):
+            assert isinstance(x[field], (int, float)), (key, field)
+        assert x["tokens_per_s"] > 0 and 0 <= x["ttft_p50_s"] <= x["ttft_p99_s"]
+        assert 0.0 <= x["prefix_hit_rate"] <= 1.0
+        assert abs(x["prefix_hit_rate"] - x["prefix_hit_rate_memory"]
+                   - x["prefix_hit_rate_durable"]) < 1e-12
+        assert x["output_tokens"] == r["static"]["output_tokens"]     # the same requests
+    assert r["outputs_identical"] is True
+    assert r["prefix_off"]["prefix_hit_rate"] == 0.0
+    assert r["prefix_memory"]["prefix_hit_rate_memory"] > 0
+    assert r["prefix_memory"]["prefix_hit_rate_durable"] == 0.0
+    assert r["prefix_durable"]["spilled_blocks"] > 0
+    # a fresh pool: what it finds beyond its own blocks came from the durable tier
+    assert r["prefix_after_restart"]["prefix_hit_rate_durable"] > 0
+    assert r["prefix_after_restart"]["prefix_hit_rate"] > r["prefix_memory"]["prefix_hit_rate"]
+    for key in ("batching", "scheduling_gain", "prefix_gain", "spread_sweep", "load_sweep"):
+        assert key in r
+    assert r["batching"]["gain"]["median"] > 0
+    assert [p["spread"] for p in r["spread_sweep"]] == [0.0, 0.9]
+    assert "scheduling gain" in proc.stdout and "batching gain" in proc.stdout
+    assert not any(tmp_path.glob("**/*.png"))                         # no plots with --quick
+    assert [p["batch_size"] for p in r["batching"]["decode_micro"]] == [1, 4]
+
+    from durablekv.llm.bench import render_markdown
+    table = render_markdown(r)
+    assert "| `prefix_after_restart` |" in table and "decode steps only, batch 4" in table
+
+
+def test_command_line_needs_no_numpy_until_llm_bench(tmp_path):
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text("import sys\nsys.modules['numpy'] = None\n")
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    assert run_cli("--help", env=env).returncode == 0
+    proc = run_cli("llm-bench", "--quick", env=env)
+    assert proc.returncode == 2
+    assert "llm-bench needs numpy" in proc.stderr and "durablekv[llm]" in proc.stderr
+
+
+def test_readme_numbers_are_the_committed_run():
+    """The README's LLM section quotes docs/bench/llm.json; keep them in step."""
+    r = json.loads((REPO / "docs" / "bench" / "llm.json").read_text())
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## LLM KV blocks", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(section.split())
+
+    def g(x):
+        return f'{x["median"]:.2f}x ({x["min"]:.2f}..{x["max"]:.2f})'
+
+    assert f'{r["prefix_memory"]["prefix_hit_rate"]:.0%} in memory only' in text
+    assert f'{r["prefix_durable"]["prefix_hit_rate"]:.0%} with the durable tier' in text
+    assert f'{r["prefix_after_restart"]["prefix_hit_rate"]:.0%} after a restart' in text
+    for key in ("memory_vs_off", "durable_vs_off", "after_restart_vs_off"):
+        assert g(r["prefix_gain"][key]) in text, key
+    assert g(r["scheduling_gain"]) in text
+    assert g(r["batching"]["decode_micro"][-1]["gain"]) in text
+    assert (f'{r["static"]["ttft_p50_s"] * 1e3:.0f} -> '
+            f'{r["continuous"]["ttft_p50_s"] * 1e3:.1f} ms') in text
+    assert r["outputs_identical"] is True and r["quick"] is False

@@ -1,0 +1,228 @@
+"""BlockPool: free list, ref counts, prefix sharing, copy-on-write, LRU eviction, spill tier."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from durablekv import Cache, ConfigError
+from durablekv.llm.hashing import block_hashes
+from durablekv.llm.kvstore import KVBlockCorruptWarning, KVBlockStore, encode_block
+from durablekv.llm.pool import BlockPool
+
+BS = 4
+
+
+def make_pool(num_blocks=8, **kw):
+    return BlockPool(num_blocks, BS, num_layers=2, num_kv_heads=1, head_dim=2,
+                     dtype=np.float64, **kw)
+
+
+def fill(pool, seq_id, tokens, start=0):
+    """Allocate and write tokens ``start..``; each token's K/V is its id (so
+    contents are checkable), then commit the full blocks."""
+    assert pool.allocate_slots(seq_id, start, len(tokens) - start)
+    blk, off = pool.slots(seq_id, start, len(tokens))
+    pool.kv[:, :, blk, off] = np.asarray(tokens[start:], dtype=np.float64)[:, None, None]
+    pool.commit(seq_id, tokens, len(tokens))
+
+
+def contents(pool, seq_id, n):
+    blk, off = pool.slots(seq_id, 0, n)
+    return pool.kv[0, 0, blk, off, 0, 0].tolist()
+
+
+def test_layout_and_views():
+    pool = make_pool()
+    assert pool.kv.shape == (2, 2, 8, BS, 1, 2)
+    assert pool.key_cache(1).shape == (8, BS, 1, 2)
+    assert np.shares_memory(pool.key_cache(1), pool.kv)
+    assert pool.block_shape == (2, 2, BS, 1, 2)
+
+
+def test_allocate_and_free_keep_ref_counts():
+    pool = make_pool(enable_prefix_caching=False)
+    pool.add_sequence("a", list(range(10)))
+    assert pool.allocate_slots("a", 0, 10)
+    assert len(pool.block_tables["a"]) == 3 and pool.num_free_blocks == 5
+    assert all(pool.ref_count[b] == 1 for b in pool.block_tables["a"])
+    assert not pool.allocate_slots("a", 10, 40)         # all or nothing
+    assert len(pool.block_tables["a"]) == 3
+    pool.free("a")
+    assert pool.num_free_blocks == 8 and sum(pool.ref_count) == 0
+    pool.add_sequence("b", [1])
+    with pytest.raises(ValueError, match="already has a block table"):
+        pool.add_sequence("b", [1])
+
+
+def test_full_prefix_blocks_are_shared():
+    pool = make_pool()
+    prompt = list(range(100, 110))                       # 2 full blocks + 2 tokens
+    pool.add_sequence("a", prompt)
+    fill(pool, "a", prompt)
+    m = pool.add_sequence("b", prompt[:8] + [1, 2, 3])
+    assert m.num_cached_tokens == 8 and m.memory_tokens == 8 and m.durable_tokens == 0
+    ta, tb = pool.block_tables["a"], pool.block_tables["b"]
+    assert tb == ta[:2]
+    assert [pool.ref_count[b] for b in ta] == [2, 2, 1]
+    fill(pool, "b", prompt[:8] + [1, 2, 3], start=8)
+    assert contents(pool, "b", 11) == prompt[:8] + [1, 2, 3]
+    assert contents(pool, "a", 10) == prompt
+
+
+def test_last_prompt_token_is_always_computed():
+    pool = make_pool()
+    prompt = list(range(8))
+    pool.add_sequence("a", prompt)
+    fill(pool, "a", prompt)
+    pool.free("a")
+    assert pool.add_sequence("b", prompt).num_cached_tokens == 4   # not 8
+    assert pool.add_sequence("c", prompt + [9]).num_cached_tokens == 8
+
+
+def test_partial_block_is_never_shared_through_the_index():
+    pool = make_pool()
+    pool.add_sequence("a", list(range(6)))
+    fill(pool, "a", list(range(6)))
+    assert len(pool.cached_blocks()) == 1
+
+
+def test_copy_on_write_of_a_shared_partial_block():
+    pool = make_pool()
+    tokens = [1, 2, 3, 4, 5, 6]
+    pool.add_sequence("a", tokens)
+    fill(pool, "a", tokens)
+    pool.fork("a", "b")
+    last = pool.block_tables["a"][1]
+    assert pool.ref_count[last] == 2
+    fill(pool, "b", tokens + [70], start=6)              # b writes into the shared block
+    assert pool.block_tables["b"][1] != last and pool.block_tables["b"][0] == pool.block_tables["a"][0]
+    assert pool.ref_count[last] == 1 and pool.stats().cow_copies == 1
+    fill(pool, "a", tokens + [80], start=6)              # a now owns it alone: no copy
+    assert pool.block_tables["a"][1] == last and pool.stats().cow_copies == 1
+    assert contents(pool, "a", 7) == tokens + [80]
+    assert contents(pool, "b", 7) == tokens + [70]
+
+
+def test_eviction_is_lru_and_a_finished_sequence_tail_first():
+    pool = make_pool(num_blocks=6)
+    seqs = {"old": list(range(0, 8)) + [99], "new": list(range(50, 58)) + [99]}
+    for name, toks in seqs.items():                       # 2 full blocks + 1 token each
+        pool.add_sequence(name, toks)
+        fill(pool, name, toks)
+    hashes = {n: block_hashes(t, BS, pool.extra) for n, t in seqs.items()}
+    pool.free("old")
+    pool.free("new")
+    assert pool.num_free_blocks == 6 and len(pool.cached_blocks()) == 4
+    order = []
+    pool.add_sequence("x", list(range(200, 240)))
+    for i in range(6):                                    # 2 free blocks first, then evictions
+        before = set(pool.cached_blocks())
+        assert pool.allocate_slots("x", 0, (i + 1) * BS)
+        order += [h for h in before - set(pool.cached_blocks())]
+    assert order == [hashes["old"][1], hashes["old"][0], hashes["new"][1], hashes["new"][0]]
+    assert pool.stats().evictions == 4
+
+
+def test_a_prefix_hit_refreshes_recency():
+    pool = make_pool(num_blocks=4)
+    a, b = list(range(0, 4)) + [9], list(range(10, 14)) + [9]
+    for name, toks in (("a", a), ("b", b)):
+        pool.add_sequence(name, toks)
+        fill(pool, name, toks)
+        pool.free(name)
+    pool.add_sequence("a2", a)                            # touches a's block: now the newest
+    pool.free("a2")
+    pool.add_sequence("x", list(range(100, 116)))
+    assert pool.allocate_slots("x", 0, 3 * BS)            # 2 free + 1 eviction
+    assert block_hashes(a, BS, pool.extra)[0] in pool.cached_blocks()
+    assert block_hashes(b, BS, pool.extra)[0] not in pool.cached_blocks()
+
+
+def test_prefix_caching_off_shares_nothing():
+    pool = make_pool(enable_prefix_caching=False)
+    pool.add_sequence("a", list(range(9)))
+    fill(pool, "a", list(range(9)))
+    pool.free("a")
+    assert pool.add_sequence("b", list(range(9))).num_cached_tokens == 0
+    assert pool.cached_blocks() == {}
+
+
+def run_and_evict(pool, tokens):
+    pool.add_sequence("a", tokens)
+    fill(pool, "a", tokens)
+    pool.free("a")
+    pool.add_sequence("evictor", list(range(1000, 1000 + pool.num_blocks * BS)))
+    assert pool.allocate_slots("evictor", 0, pool.num_blocks * BS)
+    pool.free("evictor")
+
+
+def test_evicted_blocks_spill_and_come_back_from_the_store(tmp_path):
+    tokens = list(range(300, 313))                        # 3 full blocks + 1
+    with Cache(tmp_path / "kv") as cache:
+        store = KVBlockStore(cache)
+        pool = make_pool(num_blocks=4, store=store)
+        run_and_evict(pool, tokens)
+        assert pool.cached_blocks() == {} or all(
+            h not in pool.cached_blocks() for h in block_hashes(tokens, BS, pool.extra))
+        assert store.match_prefix(block_hashes(tokens, BS, pool.extra)) == 3
+        m = pool.add_sequence("b", tokens)
+        assert (m.memory_tokens, m.durable_tokens) == (0, 12)
+        assert contents(pool, "b", 12) == tokens[:12]
+        s = pool.stats()
+        assert s.prefix_hits_durable_tokens == 12 and s.spilled_blocks >= 3
+
+
+def test_durable_blocks_after_restart_are_bit_exact(tmp_path):
+    tokens = list(range(300, 313))
+    rng = np.random.default_rng(5)
+    with Cache(tmp_path / "kv") as cache:
+        pool = make_pool(num_blocks=4, store=KVBlockStore(cache))
+        pool.add_sequence("a", tokens)
+        assert pool.allocate_slots("a", 0, 13)
+        pool.kv[...] = rng.standard_normal(pool.kv.shape)
+        pool.commit("a", tokens, 13)
+        before = {h: pool.kv[:, :, b].copy() for h, b in pool.cached_blocks().items()}
+        pool.free("a")
+        assert pool.spill_cached() == 3                   # graceful shutdown
+    with Cache(tmp_path / "kv") as cache:
+        store = KVBlockStore(cache)
+        fresh = make_pool(num_blocks=4, store=store)
+        m = fresh.add_sequence("b", tokens)
+        assert m.durable_tokens == 12
+        for h, block in fresh.cached_blocks().items():
+            assert fresh.kv[:, :, block].tobytes() == before[h].tobytes()
+
+
+def test_damaged_or_misfit_spilled_block_is_recomputed(tmp_path):
+    tokens = list(range(300, 313))
+    with Cache(tmp_path / "kv") as cache:
+        store = KVBlockStore(cache)
+        pool = make_pool(num_blocks=4, store=store)
+        run_and_evict(pool, tokens)
+        h = block_hashes(tokens, BS, pool.extra)
+        raw = cache.get(h[1])
+        cache.set(h[1], raw[:-1] + bytes([raw[-1] ^ 1]))                   # a bit flip
+        cache.set(h[2], encode_block(h[2], np.zeros((2, 2, BS, 1, 3))))   # wrong shape
+        fresh = make_pool(num_blocks=4, store=store)
+        with pytest.warns(KVBlockCorruptWarning):
+            m = fresh.add_sequence("b", tokens)
+        assert m.durable_tokens == BS                     # stops before the damaged block
+        fresh.free("b")
+        cache.set(h[1], raw)
+        with pytest.warns(KVBlockCorruptWarning, match="does not fit this pool"):
+            m = make_pool(num_blocks=4, store=store).add_sequence("c", tokens)
+        assert m.durable_tokens == 2 * BS
+        assert h[2] not in cache
+
+
+def test_bad_configuration():
+    with pytest.raises(ConfigError, match="num_blocks must be an int >= 1"):
+        make_pool(num_blocks=0)
+    with pytest.raises(ConfigError, match="block_size must be an int >= 1"):
+        BlockPool(4, 0, num_layers=1, num_kv_heads=1, head_dim=2)
+    with pytest.raises(ConfigError, match="float dtype"):
+        BlockPool(4, 2, num_layers=1, num_kv_heads=1, head_dim=2, dtype=np.int32)
+    with pytest.raises(ValueError, match="KV array must have shape"):
+        BlockPool(4, 2, num_layers=1, num_kv_heads=1, head_dim=2, kv=np.zeros((1, 2, 4, 2, 1, 3),
+                                                                               np.float32))
