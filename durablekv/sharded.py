@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator
 
 from . import codec as _codec
 from .cache import Cache
+from .memoize import memoize as _memoize
 from .errors import ConfigError
 from .stats import CacheStats
 
@@ -297,7 +298,7 @@ class ShardedCache(MutableMapping):
 
     def memoize(self, expire: float | None = None, **kwargs: Any) -> Callable:
         """As :meth:`Cache.memoize`; each result is stored in its key's shard."""
-        return Cache.memoize(self, expire, **kwargs)  # type: ignore[arg-type]
+        return _memoize(self, expire, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------
 

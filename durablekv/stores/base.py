@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import AbstractSet as Set
-from typing import Any, Container, Iterator, Protocol, Sequence
+from typing import Any, Container, Iterator, Protocol, Sequence, runtime_checkable
 
 from .pageformat import PAGE_SIZE_MAX
 
@@ -118,6 +118,7 @@ def meta_problems(meta: dict[str, Any], max_page_id: Any, min_page_id: Any,
     return out
 
 
+@runtime_checkable
 class PageStore(Protocol):
     """What a page store provides (see the module docstring for the contracts).
 

@@ -340,6 +340,7 @@ def test_the_store_has_every_protocol_member(store_factory):
                      "close", "path", "page_size", "checkpoint_lsn", "key_count",
                      "ttl_key_count", "max_page_id", "ttl_clock"):
             assert hasattr(store, name), name
+        assert isinstance(store, PageStore)
         store.pause_snapshot()
         store.resume_snapshot()
     finally:
