@@ -70,6 +70,16 @@ def assert_index_agrees(store: PageStore, pages: dict[int, dict]) -> None:
     assert store.read_pages(sorted(pages) + [999_999]).keys() == set(pages)
 
 
+def assert_reopened(store_factory, pages: dict[int, dict], checkpoint_lsn: int) -> None:
+    """Opened again, the store holds ``pages`` under ``checkpoint_lsn``."""
+    store = store_factory.open()
+    try:
+        assert store.checkpoint_lsn == checkpoint_lsn
+        assert_index_agrees(store, pages)
+    finally:
+        store.close()
+
+
 def commit(store: PageStore, images: list[PageImage], lsn: int, pages: dict[int, dict],
            **kw) -> list[bytes]:
     """Write a batch and apply it to the model ``pages``."""
@@ -160,12 +170,7 @@ def test_reopen_reads_what_was_committed(store_factory):
         batch(store, pages, 7, {5: {"b": (b"3", None), "c": (b"4", None)}})
     finally:
         store.close()
-    store = store_factory.open()
-    try:
-        assert store.checkpoint_lsn == 7
-        assert_index_agrees(store, pages)
-    finally:
-        store.close()
+    assert_reopened(store_factory, pages, 7)
 
 
 def test_checkpoints_follow_commits_in_order(store_factory):
@@ -182,12 +187,7 @@ def test_checkpoints_follow_commits_in_order(store_factory):
         assert store.checkpoint_lsn == 11
     finally:
         store.close()
-    store = store_factory.open()
-    try:
-        assert store.checkpoint_lsn == 11
-        assert_index_agrees(store, pages)
-    finally:
-        store.close()
+    assert_reopened(store_factory, pages, 11)
 
 
 def test_a_refused_batch_writes_nothing(store_factory):
@@ -228,12 +228,7 @@ def test_a_batch_failing_before_its_commit_writes_nothing(store_factory):
     finally:
         store.__dict__.pop(store_factory.commit_hook, None)
         store.close()
-    store = store_factory.open()
-    try:
-        assert store.checkpoint_lsn == 1
-        assert_index_agrees(store, pages)
-    finally:
-        store.close()
+    assert_reopened(store_factory, pages, 1)
 
 
 _KILLED_WRITER = """
@@ -278,12 +273,7 @@ def test_a_batch_killed_inside_its_transaction_leaves_the_previous_state(store_f
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    store = store_factory.open()
-    try:
-        assert store.checkpoint_lsn == 1
-        assert_index_agrees(store, {1: {"a": (b"1", None)}, 2: {"b": (b"2", None)}})
-    finally:
-        store.close()
+    assert_reopened(store_factory, {1: {"a": (b"1", None)}, 2: {"b": (b"2", None)}}, 1)
 
 
 def test_a_damaged_page_is_never_served(store_factory):
