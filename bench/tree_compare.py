@@ -65,6 +65,8 @@ with tempfile.TemporaryDirectory() as d:
                 set_(k, val)
         out["orm_busy_replay"] = (time.perf_counter_ns() - t) / len(keys)
         c.close()
+import durablekv, os
+out["package"] = os.path.realpath(durablekv.__file__)
 print(json.dumps(out))
 """
 
@@ -75,12 +77,18 @@ def _once(tree: str, n: int, trace: str = "", prefix: int = 0) -> dict[str, floa
     # this checkout's package (or its migrations) in front of ``tree``'s
     path = os.pathsep.join([os.path.abspath(tree), *site.getsitepackages()])
     env = dict(os.environ, PYTHONPATH=path)
-    with tempfile.TemporaryDirectory():
+    # cwd: a temporary directory, since ``-c`` puts the working directory first
+    # on sys.path, where a checkout's own package would shadow ``tree``'s
+    with tempfile.TemporaryDirectory() as cwd:
         res = subprocess.run([sys.executable, "-S", "-c", _CHILD, str(n), trace, str(prefix)],
-                             env=env, capture_output=True, text=True)
+                             env=env, capture_output=True, text=True, cwd=cwd)
     if res.returncode:
         raise RuntimeError(f"the benchmark child for {tree} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    where = out.pop("package")
+    if not where.startswith(os.path.realpath(tree) + os.sep):
+        raise RuntimeError(f"the child for {tree} imported durablekv from {where}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

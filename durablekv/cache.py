@@ -8,6 +8,20 @@ Data flow (see ``docs/architecture.md``)::
                               WriteBehindBatcher ─► SQLitePageStore
     get ─► page table ─(miss)─► key index ─► page fault (page read back)
 
+The class is assembled from one module per component (mixins over the
+cache's own state, so the hot path reads the page table and counters with
+no extra hop): :mod:`~durablekv.recovery` (open: log suffix -> memory tier),
+:mod:`~durablekv.faults` (key index, page faults), :mod:`~durablekv.expiry`
+(TTL clock, sweeps), :mod:`~durablekv.writeback` (what the batcher calls),
+:mod:`~durablekv.scan` (iteration), :mod:`~durablekv.atomic`
+(read-modify-write ops), :mod:`~durablekv.writes` (log, apply,
+back-pressure), :mod:`~durablekv.nowait` (calls that never wait, for asyncio), :mod:`~durablekv.lifecycle`, :mod:`~durablekv.introspect`;
+:mod:`~durablekv.memoize` is a function of its host, and the argument
+checks and the directory lock are :mod:`~durablekv.config` and
+:mod:`~durablekv.dirlock`. This module keeps construction and wiring, the
+hot paths (``get`` with its lock-free memory hit, ``set`` with its inline
+path), ``delete``/``clear``/``len`` and ``flush``/``close``.
+
 Locking: ``self._lock`` guards the memory tier, the counters, the LSN and the
 log append (so file order is LSN order and the memory tier never disagrees
 with the log). It is never held across an fsync, a SQLite commit, or user
@@ -31,7 +45,7 @@ from . import codec as _codec, pages as _pages
 from ._perms import DIR_MODE
 from .atomic import AtomicOps
 from .batcher import WriteBehindBatcher
-from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, NOWAIT_UNSURE, _CLOSED, _CLOSING,
+from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, _CLOSED, _CLOSING,
                      _FAILED, _FORKED, _Frozen, _MISSING, _OPEN,
                      _REAL_MONOTONIC, _U32_PACK, _check_clock, _check_config,
                      _check_expire, _check_timeout, _key_too_long,
@@ -45,6 +59,7 @@ from .introspect import Introspection
 from .keyfilter import KeyFilter
 from .lifecycle import Lifecycle, _open_caches
 from .memoize import memoize as _memoize
+from .nowait import NoWait
 from .pages import HAS_TTL, MemoryTier, RESIDENT
 from .recovery import Recovery, _gc_paused
 from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, _first_lsn_of, list_segments
@@ -60,8 +75,8 @@ __all__ = ["Cache"]
 log = logging.getLogger("durablekv")
 
 
-class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, Lifecycle,
-            Introspection, MutableMapping):
+class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
+            Lifecycle, Introspection, MutableMapping):
     """A persistent key/value cache: memory-speed reads, writes that survive a crash.
 
     :param directory: the cache directory (created if missing, mode 0700).
@@ -537,60 +552,6 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
 
 
     # -- calls that never wait (durablekv.aio runs them on an event loop's thread) --
-
-    def _in_memory(self, key: Any) -> bool:
-        """Whether ``key``'s entry, or its absence, is known without reading
-        SQLite (lock held): its page is in memory, or the store cannot hold
-        it (the look-aside miss, a pending clear, the key filter)."""
-        try:
-            if self._tier.table.get(key) is not None:
-                return True
-            if self._absent is key or self._clear_pending:
-                return True
-            return self._filter.ready and _codec.canonical_key(key) not in self._filter
-        except TypeError:
-            return False  # the waiting path raises the TypeError set() gives
-
-    def _get_nowait(self, key: Any, default: Any) -> Any:
-        """:meth:`get` if it can answer without waiting (the lock is free and
-        nothing needs SQLite); :data:`NOWAIT_UNSURE` (nothing done) otherwise."""
-        if not self._lock.acquire(blocking=False):
-            return NOWAIT_UNSURE
-        try:
-            if self._state is not _OPEN or not self._in_memory(key):
-                return NOWAIT_UNSURE
-            return self._get_held(key, default)
-        finally:
-            self._lock.release()
-
-    def _set_nowait(self, key: Any, value: Any, expire: float | None = None) -> bool:
-        """:meth:`set` if it can be done without waiting; False (nothing done)
-        when it could wait: fsync durability, the lock taken, back-pressure,
-        a log segment to roll (an fsync), an entry that needs SQLite.
-
-        :raises TypeError, ValueError: as :meth:`set` (nothing done).
-        """
-        if self.durability == "fsync":
-            return False
-        if expire is not None:
-            expire = _check_expire(expire)
-            if expire == 0:
-                return False
-        kb, vb, held, nbytes = self._encode_entry(key, value)
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            log = self._log
-            if self._state is not _OPEN or self._tier.pending >= self.max_pending_pages or \
-                    (log is not None and log._size >= log.segment_bytes) or \
-                    not self._in_memory(key):
-                return False
-            expire_at = None if expire is None else self._now() + expire
-            self._logged_set(key, kb, vb, held, expire_at, self._ref(key), nbytes)
-            return True
-        finally:
-            self._lock.release()
-
 
     def delete(self, key: Any) -> bool:
         """Remove ``key``; return True if a live entry was there.
