@@ -6,10 +6,11 @@ into a SQLite page store. See README.md and docs/architecture.md.
 """
 
 from .cache import Cache
+from .sharded import ShardedCache
 from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
                      CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
                      LogCorruptionError, LogError, LogFileGoneError, LogWriteError,
-                     MetricsServeError,
+                     MetricsServeError, NamespaceLockedError,
                      SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
 from .errors import (RemoteAuthError, RemoteError, RemoteTypeError, RemoteValueError,
                      ServerUnavailableError)
@@ -19,9 +20,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cache",
+    "ShardedCache",
     "CacheStats",
     "DurableKVError",
     "CacheLockedError",
+    "NamespaceLockedError",
     "CacheClosedError",
     "CacheFailedError",
     "ConfigError",

@@ -48,7 +48,7 @@ class AtomicOps:
                 return False
             expire_at = None if expire is None else self._now() + expire
             lsn = self._logged_set(key, kb, vb, held, expire_at, None, nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -90,7 +90,7 @@ class AtomicOps:
             # encoded under the lock: the new value depends on the old one
             kb, vb, held, nbytes = self._encode_entry(key, value)
             lsn = self._logged_set(key, kb, vb, held, expire_at, ref, nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return value
 
@@ -135,7 +135,7 @@ class AtomicOps:
                 vb = self._codec.to_blob(held)
                 expire_at = None if expire is None else self._now() + expire
                 lsn = self._logged_set(key, kb, vb, held, expire_at, ref, len(kb) + len(vb))
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -154,7 +154,7 @@ class AtomicOps:
             lsn = self._append(OP_DELETE, kb, b"", None)
             self._apply_delete(key, lsn)
             self._deletes += 1
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return value
 

@@ -51,6 +51,7 @@ from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, _CLOSED, _CLOSING,
                      _check_expire, _check_timeout, _key_too_long,
                      _tags_refused)
 from .dirlock import _acquire_dir_lock, _move_aside
+from . import pgwire as _pgwire
 from .errors import (CacheClosedError, CacheFailedError, ConfigError, CorruptStoreError,
                      WriteBehindError)
 from .expiry import Expiry
@@ -91,7 +92,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
     :param flush_interval: seconds between write-behind flushes (and log
         fsyncs in ``durability="log"``).
     :param flush_batch_pages: a flush starts early once this many pages are dirty.
-    :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README.
+    :param durability: ``"fsync"``, ``"log"`` (default) or ``"none"``; see README;
+        with a PostgreSQL store also ``"sync"``: a write returns once its log
+        record is committed in PostgreSQL (see docs/postgres.md).
     :param name: label for metrics; default the directory's base name.
     :param clock: ``() -> float`` epoch seconds for TTLs; default
         ``time.time`` looked up at each call (so freezegun moves it). It is
@@ -114,7 +117,14 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         the good prefix and moving the damaged segment aside (loses the
         records after the damage; off by default). ``stats().salvaged_bytes``
         says how many bytes of the log were given up.
-    :param busy_timeout: seconds SQLite waits for a lock held by another process.
+    :param busy_timeout: seconds SQLite waits for a lock held by another process
+        (with a PostgreSQL store: seconds to wait for each host when connecting).
+    :param store: None (default: ``pages.sqlite3`` in the directory) or a
+        ``postgresql://`` URL: pages, key index and checkpoint in PostgreSQL
+        (needs the ``postgres`` extra; see docs/postgres.md). The replay log
+        stays in the directory.
+    :param namespace: with ``store``: this cache's name in the database (one
+        owner at a time, else :class:`~durablekv.errors.NamespaceLockedError`).
     :raises CacheLockedError: the directory is open elsewhere.
     :raises ConfigError: an invalid or conflicting setting.
     :raises CorruptStoreError, SchemaVersionError, LogCorruptionError: see
@@ -141,7 +151,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                  serializer: str | _codec.ValueCodec = "safe",
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, max_pending_pages: int | None = None,
                  on_corruption: str = "raise", salvage_log: bool = False,
-                 busy_timeout: float = 5.0, segment_bytes: int = 64 << 20) -> None:
+                 busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
+                 store: str | None = None, namespace: str | None = None) -> None:
         self._state = _CLOSED
         self._temporary = directory is None
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
@@ -156,6 +167,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
                       segment_bytes=segment_bytes, salvage_log=salvage_log)
+        _pgwire.check_store_args(store, namespace, durability)
+        self._store_url, self.namespace = store, namespace
         if clock is not None:
             _check_clock(clock)
         codec = _codec.codec_by_name(serializer)
@@ -167,6 +180,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
         self._codec = codec
         self.durability = durability
+        # a write waits for its log record: fsynced, or committed in PostgreSQL ("sync")
+        self._sync_writes = durability in ("fsync", "sync")
         self.flush_interval = float(flush_interval)
         self.flush_batch_pages = int(flush_batch_pages)
         self.max_value_bytes = int(max_value_bytes)
@@ -213,12 +228,17 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
               segment_bytes) -> None:
         self.store_rebuilds = 0
         try:
-            self._store = SQLitePageStore(self.path, durability=self.durability,
-                                          page_size=page_size, serializer=self._codec.name,
-                                          busy_timeout=busy_timeout,
-                                          verify=on_corruption == "rebuild")
+            self._store = (_pgwire.open_store(self._store_url, self.namespace, self.path,
+                                              durability=self.durability, page_size=page_size,
+                                              serializer=self._codec.name,
+                                              connect_timeout=busy_timeout)
+                           if self._store_url is not None else
+                           SQLitePageStore(self.path, durability=self.durability,
+                                           page_size=page_size, serializer=self._codec.name,
+                                           busy_timeout=busy_timeout,
+                                           verify=on_corruption == "rebuild"))
         except CorruptStoreError as exc:
-            if on_corruption != "rebuild":
+            if on_corruption != "rebuild" or self._store_url is not None:
                 raise
             # The new store, whole, before the damaged one moves; it starts
             # where the replay log does, which it continues.
@@ -272,7 +292,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._sweep_paused_until = 0.0  # monotonic; after a store read error
         # The log exists in every mode at recovery time: a directory last used
         # with durability="log" may hold records that must be replayed.
-        self._log = ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes)
+        self._log = (_pgwire.open_log(store, self.path) if self.durability == "sync" else
+                     ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes))
         self._batcher = WriteBehindBatcher(self, store, self._log if self.durability != "none" else None,
                                            interval=self.flush_interval,
                                            sync_log=self.durability == "log",
@@ -544,7 +565,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                 # new key object, as a dict does for a fresh key), not updated.
                 lsn_to_sync = self._logged_set(key, kb, vb, held, expire_at,
                                                self._ref(key), nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn_to_sync)
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -567,7 +588,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             lsn = self._append(OP_DELETE, kb, b"", None)
             self._apply_delete(key, lsn)
             self._deletes += 1
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return True
 
@@ -583,7 +604,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             lsn = self._append(OP_CLEAR, b"", b"", None)
             self._apply_clear(lsn)
             self._batcher.kick()
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
 
     def __len__(self) -> int:

@@ -27,6 +27,7 @@ import os
 import shlex
 import sqlite3
 from dataclasses import dataclass, field
+from typing import Any
 
 from .dirlock import LOCK_FILE, lock_directory, lock_owner_pid
 from .codec import SafeCodec, canonical_key, decode_key
@@ -79,7 +80,12 @@ def check_directory(directory: str) -> CheckResult:
         return _finish(r)
     if not (os.path.exists(os.path.join(directory, STORE_FILE)) or list_segments(directory)
             or os.path.exists(os.path.join(directory, LOCK_FILE))):
-        r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)")
+        hint = ""
+        if os.path.exists(os.path.join(directory, "SHARDS")):
+            hint = ("; it is a ShardedCache directory: check each shard, e.g. "
+                    f"durablekv check {os.path.join(directory, 'shard-00')}")
+        r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)"
+                + hint)
         return _finish(r)
     lock = os.path.join(directory, LOCK_FILE)
     lock_fd = None
@@ -231,60 +237,81 @@ def _check_store(directory: str, r: CheckResult) -> int:
                f"checkpoint_lsn={checkpoint}")
         index = {k: (pid, exp) for k, pid, exp in
                  conn.execute("SELECT key, page_id, expire_at FROM keys")}
-        seen = set()
-        pages = entries = 0
         # schema version 3 on: every page row carries a checksum (page_crc)
         checksums = "crc" in {c[1] for c in conn.execute("PRAGMA table_info(pages)")}
-        for pid, n, data, crc in conn.execute(
-                "SELECT page_id, n_entries, data, " + ("crc" if checksums else "NULL") +
-                " FROM pages"):
-            pages += 1
-            if checksums and page_crc(pid, n, data) != crc:
-                r.bad(f"page {pid!r}: fails its checksum (stored {crc!r}, computed "
-                      f"{page_crc(pid, n, data)}): its blob or entry count was changed on disk; "
-                      "a read of it raises CorruptStoreError")
-                continue
-            try:
-                got = list(decode_page(data))
-            except ValueError as exc:
-                r.bad(f"page {pid}: cannot be decoded ({exc})")
-                continue
-            if len(got) != n:
-                r.bad(f"page {pid}: holds {len(got)} entries, its row says {n}")
-            slots = [e[0] for e in got]
-            if slots and max(slots) >= meta["page_size"]:
-                r.bad(f"page {pid}: slot {max(slots)} is past page_size {meta['page_size']}")
-            if len(set(slots)) != len(slots):
-                r.bad(f"page {pid}: lists a slot twice")
-            for slot, kb, _vb, exp in got:
-                entries += 1
-                try:
-                    ck = canonical_key(decode_key(kb))
-                except (ValueError, TypeError, IndexError) as exc:
-                    r.bad(f"page {pid} slot {slot}: key cannot be decoded ({exc})")
-                    continue
-                seen.add(ck)
-                row = index.get(ck)
-                if row is None:
-                    r.bad(f"page {pid} slot {slot}: key {decode_key(kb)!r} is missing from the index")
-                elif row[0] != pid:
-                    r.bad(f"page {pid} slot {slot}: the index places key {decode_key(kb)!r} "
-                          f"in page {row[0]}")
-                elif row[1] != exp:
-                    r.bad(f"page {pid} slot {slot}: expire_at {exp} but the index says {row[1]}")
-        orphans = set(index) - seen
-        for ck in list(orphans)[:10]:
-            r.bad(f"index row {decode_key(ck)!r} points at page {index[ck][0]}, "
-                  "which does not hold it")
-        if len(orphans) > 10:
-            r.bad(f"... and {len(orphans) - 10} more orphaned index rows")
-        if int(meta.get("key_count", -1)) != len(index):
-            r.bad(f"meta key_count={meta.get('key_count')} but the index has {len(index)} keys")
+        problems, pages, entries = index_agreement(
+            index, conn.execute("SELECT page_id, n_entries, data, " +
+                                ("crc" if checksums else "NULL") + " FROM pages"),
+            int(meta.get("key_count", -1)), meta["page_size"], checksums)
+        for problem in problems:
+            r.bad(problem)
         if r.ok:
             r.good(f"key index agrees with {pages} pages ({entries} entries)")
         return checkpoint
     finally:
         conn.close()
+
+
+def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any,
+                    key_count: int, page_size: int, checksums: bool) -> tuple[list[str], int, int]:
+    """Check that a store's key index and pages agree both ways.
+
+    :param index: ``{canonical key: (page_id, expire_at)}``, every index row.
+    :param page_rows: iterable of ``(page_id, n_entries, blob, crc)``, every
+        page (``crc`` as :func:`~durablekv.stores.pageformat.page_crc`; ignored unless
+        ``checksums``).
+    :param key_count: the store's recorded key count.
+    :param page_size: slots per page (a slot past it is damage).
+    :returns: ``(problems, pages, entries)``: one line per disagreement
+        ([] when they agree), and how many pages and entries were read.
+    """
+    problems: list[str] = []
+    bad = problems.append
+    seen = set()
+    pages = entries = 0
+    for pid, n, data, crc in page_rows:
+        pages += 1
+        if checksums and page_crc(pid, n, data) != crc:
+            bad(f"page {pid!r}: fails its checksum (stored {crc!r}, computed "
+                f"{page_crc(pid, n, data)}): its blob or entry count was changed on disk; "
+                "a read of it raises CorruptStoreError")
+            continue
+        try:
+            got = list(decode_page(data))
+        except ValueError as exc:
+            bad(f"page {pid}: cannot be decoded ({exc})")
+            continue
+        if len(got) != n:
+            bad(f"page {pid}: holds {len(got)} entries, its row says {n}")
+        slots = [e[0] for e in got]
+        if slots and max(slots) >= page_size:
+            bad(f"page {pid}: slot {max(slots)} is past page_size {page_size}")
+        if len(set(slots)) != len(slots):
+            bad(f"page {pid}: lists a slot twice")
+        for slot, kb, _vb, exp in got:
+            entries += 1
+            try:
+                ck = canonical_key(decode_key(kb))
+            except (ValueError, TypeError, IndexError) as exc:
+                bad(f"page {pid} slot {slot}: key cannot be decoded ({exc})")
+                continue
+            seen.add(ck)
+            row = index.get(ck)
+            if row is None:
+                bad(f"page {pid} slot {slot}: key {decode_key(kb)!r} is missing from the index")
+            elif row[0] != pid:
+                bad(f"page {pid} slot {slot}: the index places key {decode_key(kb)!r} "
+                    f"in page {row[0]}")
+            elif row[1] != exp:
+                bad(f"page {pid} slot {slot}: expire_at {exp} but the index says {row[1]}")
+    orphans = set(index) - seen
+    for ck in list(orphans)[:10]:
+        bad(f"index row {decode_key(ck)!r} points at page {index[ck][0]}, which does not hold it")
+    if len(orphans) > 10:
+        bad(f"... and {len(orphans) - 10} more orphaned index rows")
+    if key_count != len(index):
+        bad(f"meta key_count={key_count} but the index has {len(index)} keys")
+    return problems, pages, entries
 
 
 #: What a damaged log asks of the user: the next open refuses it.

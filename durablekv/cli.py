@@ -611,8 +611,10 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
         # Opening would make a new, empty cache here (an empty file is what
         # SQLite leaves when it is asked to open a path that was not there).
         what = "is empty" if os.path.exists(store) else "is missing"
+        hint = ("; it is a ShardedCache directory: salvage each shard-NN directory in it"
+                if os.path.exists(os.path.join(directory, "SHARDS")) else "")
         raise ConfigError(f"{directory!r} is not a durablekv cache directory ({STORE_FILE} "
-                          f"{what}, no replay log); salvage repairs an existing cache")
+                          f"{what}, no replay log); salvage repairs an existing cache{hint}")
 
     def aside() -> set[str]:
         return {n for n in os.listdir(directory) if n.endswith(".damaged")}

@@ -29,7 +29,11 @@ import json
 from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
-import httpx
+try:
+    import httpx
+except ImportError as exc:  # the client is in the server extra
+    raise ImportError(f"durablekv.client needs httpx ({exc}); install the server extra: "
+                      "pip install 'durablekv[server]' (or '.[server]' from a checkout)") from exc
 
 from .errors import (RemoteAuthError, RemoteError, RemoteTypeError, RemoteValueError,
                      ServerUnavailableError)

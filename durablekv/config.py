@@ -45,7 +45,7 @@ _Frozen = _codec.Frozen
 _OPEN, _CLOSING, _CLOSED, _FAILED, _FORKED = "open", "closing", "closed", "failed", "forked"
 
 
-DURABILITY_MODES = ("fsync", "log", "none")
+DURABILITY_MODES = ("fsync", "log", "none", "sync")
 
 
 #: Longest encoded key (bytes); keys live in the page blobs and the index.

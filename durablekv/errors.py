@@ -7,6 +7,7 @@ and a closed cache alike)::
 
     DurableKVError (Exception)
      ├── CacheLockedError        the directory is open in another process
+     │    └── NamespaceLockedError  a PostgreSQL namespace has another owner
      ├── CacheClosedError        (ValueError) use after close()
      ├── CacheFailedError        (RuntimeError) fail-stop after a write error
      ├── ConfigError             (ValueError) bad or conflicting settings
@@ -36,6 +37,7 @@ import shlex
 __all__ = [
     "DurableKVError",
     "CacheLockedError",
+    "NamespaceLockedError",
     "CacheClosedError",
     "CacheFailedError",
     "ConfigError",
@@ -82,6 +84,28 @@ class CacheLockedError(DurableKVError):
             "close it there first, or open a different directory "
             "(one process owns a cache directory at a time)"
         )
+
+
+class NamespaceLockedError(CacheLockedError):
+    """A PostgreSQL store's namespace is owned by another session (its
+    advisory lock is held).
+
+    :ivar where: the server, without the password.
+    :ivar namespace: the namespace.
+    :ivar owner: the owning session as PostgreSQL reports it, or None.
+    """
+
+    def __init__(self, where: str, namespace: str, owner: str | None) -> None:
+        self.path = where
+        self.pid = None
+        self.where = where
+        self.namespace = namespace
+        self.owner = owner
+        DurableKVError.__init__(
+            self, f"namespace {namespace!r} on {where} is already owned by "
+            f"{owner or 'another session'}; close that cache first, or use another "
+            "namespace (one cache owns a namespace at a time; a dead owner's lock ends "
+            "with its database session)")
 
 
 class CacheClosedError(DurableKVError, ValueError):

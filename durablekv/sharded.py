@@ -164,6 +164,12 @@ class ShardedCache(MutableMapping):
         except OSError as exc:
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
         stored = _read_shard_count(path)
+        plain = [f for f in os.listdir(path)
+                 if f in ("pages.sqlite3", "LOCK") or (f.startswith("replay-") and f.endswith(".log"))]
+        if plain:
+            raise ConfigError(f"{path!r} holds a plain Cache ({', '.join(sorted(plain))}), not a "
+                              "ShardedCache; open it with Cache(), or give the ShardedCache a "
+                              "directory of its own")
         if stored is None:
             if any(e.startswith("shard-") for e in os.listdir(path)):
                 raise ConfigError(f"{path!r} has shard directories but no {SHARDS_FILE} file "

@@ -142,3 +142,22 @@ def reseal_pages(conn) -> None:
     from durablekv.stores.pageformat import page_crc
     conn.create_function("durablekv_page_crc", 3, page_crc)
     conn.execute("UPDATE pages SET crc = durablekv_page_crc(page_id, n_entries, data)")
+
+
+@pytest.fixture(scope="session")
+def pg():
+    """One real PostgreSQL server for the session (tests/pg.py); skipped
+    (locally) or failed (CI) without the binaries."""
+    from .pg import pg_server
+    with pg_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_ns(request) -> str:
+    """A namespace of the session's server no other test uses."""
+    _NS_COUNTER[0] += 1
+    return f"{request.node.name[:40]}-{_NS_COUNTER[0]}"
+
+
+_NS_COUNTER = [0]

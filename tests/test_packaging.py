@@ -19,6 +19,8 @@ def test_wheel_ships_migrations_and_works_outside_the_tree(tmp_path):
     (wheel,) = wheels.glob("durablekv-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "durablekv/migrations/0001_init.sql" in names
+    assert "durablekv/migrations/postgres/0001_init.sql" in names
+    assert "durablekv/stores/postgres.py" in names
     assert "durablekv/llm/pool.py" in names
     assert not any(n.startswith("tests/") for n in names)
 
@@ -33,6 +35,8 @@ def test_wheel_ships_migrations_and_works_outside_the_tree(tmp_path):
         "    c['a'] = 1\n"
         "with Cache('c') as c:\n"
         "    assert c['a'] == 1\n"
+        "from durablekv.stores.postgres import migration_files\n"
+        "assert [m[1] for m in migration_files()][:1] == ['0001_init.sql']\n"
         "print('ok')\n"
     )
     env = dict(os.environ, PYTHONPATH=str(target))

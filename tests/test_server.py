@@ -414,3 +414,12 @@ def test_loopback_and_token_rules():
     for bad in ("", "  ", "two words", "ctl\x01"):
         with pytest.raises(ConfigError):
             read_token(None, {TOKEN_ENV: bad})
+
+
+def test_serve_on_a_file_says_it_is_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    out = subprocess.run([sys.executable, "-m", "durablekv", "serve", str(f)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "is a file, not a directory" in out.stderr and "Traceback" not in out.stderr

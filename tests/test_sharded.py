@@ -313,3 +313,16 @@ def test_thread_scaling_bench_runs(tmp_path, capsys):
         ("log", 1), ("log", 2), ("fsync", 1), ("fsync", 2)]
     assert all(r["ratio"] > 0 for r in rows)
     assert "| log | 2 |" in capsys.readouterr().out
+
+
+def test_a_plain_cache_directory_is_refused_and_check_points_at_the_shards(tmp_path, capsys):
+    with Cache(tmp_path / "plain") as c:
+        c["a"] = 1
+    with pytest.raises(ConfigError, match="holds a plain Cache"):
+        ShardedCache(tmp_path / "plain")
+    assert "SHARDS" not in os.listdir(tmp_path / "plain")  # nothing was written
+    ShardedCache(tmp_path / "s", shards=2).close()
+    out = subprocess.run([sys.executable, "-m", "durablekv", "check", str(tmp_path / "s")],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "ShardedCache directory" in out.stdout + out.stderr
+    assert "shard-00" in out.stdout + out.stderr

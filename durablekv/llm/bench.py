@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -505,6 +506,27 @@ def main(args: argparse.Namespace) -> int:
     plots = args.plots
     if plots is None and not args.quick:
         plots = os.path.join("docs", "bench") if os.path.isdir("docs") else None
+        if plots is not None and importlib.util.find_spec("matplotlib") is None:
+            print("durablekv: llm-bench: matplotlib is not installed, so no plots are made "
+                  "(pip install '.[bench]' for them)", file=sys.stderr)
+            plots = None
+    # Refuse what would fail after minutes of work, before any of it.
+    if args.plots is not None and importlib.util.find_spec("matplotlib") is None:
+        print(f"durablekv: llm-bench --plots {args.plots} needs matplotlib, which is not "
+              "installed: pip install '.[bench]', or leave out --plots", file=sys.stderr)
+        return 2
+    for what, path in (("--json", args.json and os.path.dirname(os.path.abspath(args.json))),
+                       ("--plots", plots)):
+        if path and not (os.path.isdir(path) and os.access(path, os.W_OK)):
+            if what == "--plots" and not os.path.exists(path):
+                continue  # made by plot()
+            print(f"durablekv: llm-bench {what}: {path!r} is not a writable directory; "
+                  f"pass {what} a path in one", file=sys.stderr)
+            return 2
+    if args.quick:
+        print("durablekv: llm-bench --quick: one tiny run of each configuration, to check that "
+              "everything runs; its ratios are noise (docs/llm.md has a full run's)",
+              file=sys.stderr)
     report = run_bench(quick=args.quick, repeats=args.repeats, spread=args.output_spread,
                        seed=args.seed, progress=progress, plots_dir=plots)
     _print_report(report)

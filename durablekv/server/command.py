@@ -102,6 +102,9 @@ def _private_dir(path: str) -> None:
     keeps the mode its owner gave it)."""
     if os.path.isdir(path):
         return
+    if os.path.exists(path):
+        raise ConfigError(f"cache directory {path!r} is a file, not a directory; name a "
+                          "directory (it is created if missing)")
     os.makedirs(path, mode=0o700, exist_ok=True)
     os.chmod(path, 0o700)  # the umask may have taken bits off, never added them
 

@@ -1,0 +1,1 @@
+"""Schema migrations of the PostgreSQL page store, applied in order (table dkv_schema)."""
