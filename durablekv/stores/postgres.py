@@ -59,7 +59,7 @@ from typing import Any, Container, Iterator, Sequence
 
 from ..errors import (ConfigError, CorruptStoreError, HeldKeyError, NamespaceLockedError,
                       SchemaVersionError, StoreError)
-from .base import PageImage
+from .base import PageImage, meta_problems
 from .pageformat import page_crc
 
 try:
@@ -148,6 +148,22 @@ def _need_psycopg() -> None:
                           "install it with: pip install 'durablekv[postgres]'")
 
 
+def _typed_meta(meta: dict[str, str]) -> dict[str, Any]:
+    """``dkv_meta`` (text values) as the SQLite store's meta types, for
+    :func:`~durablekv.stores.base.meta_problems`: a value that does not parse
+    stays text, which that check reports."""
+    out: dict[str, Any] = dict(meta)
+    for name, kind in (("page_size", int), ("checkpoint_lsn", int), ("key_count", int),
+                       ("ttl_key_count", int), ("ttl_clock_offset", float),
+                       ("ttl_clock_now", float)):
+        if name in meta:
+            try:
+                out[name] = kind(meta[name])
+            except ValueError:
+                pass
+    return out
+
+
 class PostgresPageStore:
     """Pages and the key index of one namespace in a PostgreSQL database.
 
@@ -204,9 +220,14 @@ class PostgresPageStore:
             self._r = self._connect()
             meta = self._meta(self._w)
             with self._translate("open"):
-                self.max_page_id = int(self._w.execute(
-                    "SELECT COALESCE(MAX(page_id), 0) FROM dkv_pages WHERE ns_id = %s",
-                    (self.ns_id,)).fetchone()[0])
+                max_pid, min_pid, keys_bytes = self._w.execute(
+                    "SELECT MAX(page_id), MIN(page_id), pg_total_relation_size('dkv_keys') "
+                    "FROM dkv_pages WHERE ns_id = %s", (self.ns_id,)).fetchone()
+            # (the keys table's size bounds key_count: every key takes a byte of it)
+            problems = meta_problems(_typed_meta(meta), max_pid, min_pid, int(keys_bytes))
+            if problems:
+                raise CorruptStoreError(self.path, "; ".join(problems))
+            self.max_page_id = int(max_pid or 0)
         except BaseException:
             self.close()
             raise
