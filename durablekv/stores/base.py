@@ -42,11 +42,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import AbstractSet as Set
-from typing import Any, Container, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Container, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 from .pageformat import PAGE_SIZE_MAX
 
-__all__ = ["PageImage", "PageStore", "meta_problems"]
+__all__ = ["PageImage", "PageStore", "meta_problems", "ordered_migrations"]
 
 
 @dataclass(frozen=True)
@@ -232,3 +232,22 @@ class PageStore(Protocol):
         """Release connections and files; idempotent. ``checkpoint_wal``: fold
         any write-ahead log into the main store first (a clean close)."""
         ...
+
+
+def ordered_migrations(files: Iterable[Any]) -> list[tuple[int, str, str]]:
+    """A store's schema migrations as ``(version, name, sql)`` in order, from
+    ``files`` (paths or ``importlib.resources`` entries named ``NNNN_*.sql``;
+    other names are ignored).
+
+    :raises RuntimeError: the numbers do not run 1, 2, 3, ... (a packaging error).
+    """
+    out = []
+    for p in files:
+        prefix = p.name.split("_", 1)[0]
+        if p.name.endswith(".sql") and prefix.isdigit():
+            out.append((int(prefix), p.name, p.read_text(encoding="utf-8")))
+    out.sort()
+    for i, (v, name, _) in enumerate(out, 1):
+        if v != i:
+            raise RuntimeError(f"migration {name} is out of sequence (expected number {i})")
+    return out

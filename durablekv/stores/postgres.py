@@ -59,7 +59,7 @@ from typing import Any, Container, Iterator, Sequence
 
 from ..errors import (ConfigError, CorruptStoreError, HeldKeyError, NamespaceLockedError,
                       SchemaVersionError, StoreError)
-from .base import PageImage, meta_problems
+from .base import PageImage, meta_problems, ordered_migrations
 from .pageformat import page_crc
 
 try:
@@ -91,16 +91,7 @@ def migration_files() -> list[tuple[int, str, str]]:
     """The packaged PostgreSQL migrations as ``(version, name, sql)``, in order."""
     from importlib.resources import files
     root: Any = files("durablekv.migrations.postgres")
-    out = []
-    for p in root.iterdir():
-        prefix = p.name.split("_", 1)[0]
-        if p.name.endswith(".sql") and prefix.isdigit():
-            out.append((int(prefix), p.name, p.read_text(encoding="utf-8")))
-    out.sort()
-    for i, (v, name, _) in enumerate(out, 1):
-        if v != i:
-            raise RuntimeError(f"migration {name} is out of sequence (expected number {i})")
-    return out
+    return ordered_migrations(root.iterdir())
 
 
 def describe_conninfo(conninfo: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 from .._perms import FILE_MODE
 from ..errors import CorruptStoreError, StoreError
 from ..replaylog import _fsync_dir
+from .base import ordered_migrations
 
 log = logging.getLogger("durablekv.store")
 
@@ -38,17 +39,7 @@ def migration_files() -> list[tuple[int, str, str]]:
     except ModuleNotFoundError:  # pragma: no cover - running from a source tree
         root = Path(__file__).resolve().parents[2] / "migrations"
         items = list(root.glob("*.sql"))
-    out = []
-    for p in items:
-        prefix = p.name.split("_", 1)[0]
-        if not prefix.isdigit():
-            continue
-        out.append((int(prefix), p.name, p.read_text(encoding="utf-8")))
-    out.sort()
-    for i, (v, name, _) in enumerate(out, 1):
-        if v != i:
-            raise RuntimeError(f"migration {name} is out of sequence (expected number {i})")
-    return out
+    return ordered_migrations(items)
 
 
 def _cannot_open_hint(path: str, msg: str) -> str:
