@@ -200,6 +200,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             os.makedirs(path, mode=DIR_MODE, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
+        if self._store_url is None:
+            _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
         try:
             self._lock_fd = _acquire_dir_lock(path)
         except PermissionError as exc:

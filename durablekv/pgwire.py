@@ -125,6 +125,34 @@ def bind_directory(directory: str, store: Any) -> None:
     _fsync_dir(directory)
 
 
+def refuse_other_kinds(directory: str) -> None:
+    """Refuse to open ``directory`` with the SQLite store when it belongs to
+    another kind of cache: a PostgreSQL namespace (its ``STORE`` file) or a
+    ShardedCache (its ``SHARDS`` file). Either would open empty beside the
+    real data, and a PostgreSQL cache's replay log would be replayed into a
+    new SQLite store.
+
+    :raises ConfigError: naming what the directory is and how to open it.
+    """
+    path = os.path.join(directory, BINDING_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            bound = f.read().split()
+    except FileNotFoundError:
+        bound = None
+    if bound is not None:
+        name = bound[2] if len(bound) >= 3 else "?"
+        raise ConfigError(
+            f"{directory!r} belongs to PostgreSQL namespace {name!r} (its {BINDING_FILE} file "
+            f"says so): open it with Cache({directory!r}, store='postgresql://...', "
+            f"namespace={name!r}); to use the directory with the SQLite store instead, close "
+            f"that cache cleanly and remove {path!r}")
+    if os.path.exists(os.path.join(directory, "SHARDS")):
+        raise ConfigError(f"{directory!r} is a ShardedCache directory (it has a SHARDS file and "
+                          "shard-NN directories): open it with durablekv.ShardedCache"
+                          f"({directory!r})")
+
+
 def open_log(store: Any, directory: str) -> Any:
     """The ``durability="sync"`` log of a PostgreSQL store's cache
     (:class:`~durablekv.stores.pglog.PgReplayLog`)."""

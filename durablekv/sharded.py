@@ -165,7 +165,7 @@ class ShardedCache(MutableMapping):
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
         stored = _read_shard_count(path)
         plain = [f for f in os.listdir(path)
-                 if f in ("pages.sqlite3", "LOCK") or (f.startswith("replay-") and f.endswith(".log"))]
+                 if f == "pages.sqlite3" or (f.startswith("replay-") and f.endswith(".log"))]
         if plain:
             raise ConfigError(f"{path!r} holds a plain Cache ({', '.join(sorted(plain))}), not a "
                               "ShardedCache; open it with Cache(), or give the ShardedCache a "

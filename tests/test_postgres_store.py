@@ -326,6 +326,10 @@ def test_a_directory_whose_log_belongs_to_another_store_is_refused(pg, pg_ns, tm
     lite._teardown(clean=False)
     with pytest.raises(ConfigError, match="belongs to the SQLite store pages.sqlite3"):
         pg_cache(tmp_path / "lite", pg, pg_ns + "-c")
+    # ... and the other way round: the SQLite store refuses a namespace's directory
+    with pytest.raises(ConfigError, match=rf"belongs to PostgreSQL namespace '{pg_ns}-b'"):
+        open_cache(tmp_path / "c")
+    assert not (tmp_path / "c" / "pages.sqlite3").exists()
 
 
 def test_a_page_changed_in_the_database_fails_its_checksum(pg, pg_ns, tmp_path):

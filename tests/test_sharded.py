@@ -326,3 +326,13 @@ def test_a_plain_cache_directory_is_refused_and_check_points_at_the_shards(tmp_p
                          capture_output=True, text=True)
     assert out.returncode != 0 and "ShardedCache directory" in out.stdout + out.stderr
     assert "shard-00" in out.stdout + out.stderr
+
+
+def test_a_plain_cache_refuses_a_sharded_directory(tmp_path):
+    with ShardedCache(tmp_path / "s", shards=2) as s:
+        s["a"] = 1
+    with pytest.raises(ConfigError, match="is a ShardedCache directory"):
+        Cache(tmp_path / "s")
+    assert not (tmp_path / "s" / "pages.sqlite3").exists()
+    with ShardedCache(tmp_path / "s") as s:
+        assert s["a"] == 1
