@@ -66,7 +66,7 @@ def test_row_postgresql_lost_without_a_standby(tmp_path, durability):
     segments the flush's checkpoint let go (the segments are 1 KiB here); the
     open refuses loudly, because the namespace was created anew
     (ConfigError), instead of serving a cache with a hole."""
-    from durablekv.cache import MIN_SEGMENT_BYTES
+    from durablekv.config import MIN_SEGMENT_BYTES
     with pg_server() as server:
         c = pg_cache(tmp_path / "c", server, "n", durability=durability,
                      segment_bytes=MIN_SEGMENT_BYTES)
