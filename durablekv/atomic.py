@@ -180,7 +180,7 @@ class AtomicOps:
                 page, slot, _ = ref
                 return self._codec.from_memory(page.values[slot])
             lsn = self._logged_set(key, kb, vb, held, None, None, nbytes)
-        if self.durability == "fsync":
+        if self._sync_writes:
             self._sync(lsn)
         return default
 

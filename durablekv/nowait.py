@@ -45,12 +45,12 @@ class NoWait:
 
     def _set_nowait(self, key: Any, value: Any, expire: float | None = None) -> bool:
         """:meth:`set` if it can be done without waiting; False (nothing done)
-        when it could wait: fsync durability, the lock taken, back-pressure,
+        when it could wait: fsync or sync durability, the lock taken, back-pressure,
         a log segment to roll (an fsync), an entry that needs SQLite.
 
         :raises TypeError, ValueError: as :meth:`set` (nothing done).
         """
-        if self.durability == "fsync":
+        if self._sync_writes:  # "fsync", or "sync": the record must be committed first
             return False
         if expire is not None:
             expire = _check_expire(expire)
