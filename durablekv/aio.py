@@ -38,7 +38,8 @@ import functools
 import sysconfig
 from typing import Any, AsyncIterator, Callable
 
-from .cache import NOWAIT_UNSURE, Cache
+from .cache import Cache
+from .config import NOWAIT_UNSURE
 from .pages import HAS_TTL, RESIDENT
 from . import codec as _codec
 

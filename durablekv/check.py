@@ -29,13 +29,13 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cache import LOCK_FILE, lock_directory, lock_owner_pid
+from .dirlock import LOCK_FILE, lock_directory, lock_owner_pid
 from .codec import SafeCodec, canonical_key, decode_key
 from .errors import CacheLockedError
-from .replaylog import (OP_SET, _record_offset, list_segments,
-                        scan_segment_file, start_gap_detail)
-from .store import (STORE_FILE, decode_page, meta_problems, migration_files, page_crc,
-                    read_only_uri)
+from .logsegments import OP_SET, _record_offset, list_segments, scan_segment_file, start_gap_detail
+from .stores.base import meta_problems
+from .stores.pageformat import decode_page, page_crc
+from .stores.sqlitefile import STORE_FILE, migration_files, read_only_uri
 
 __all__ = ["check_directory", "CheckResult"]
 
@@ -258,7 +258,7 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
 
     :param index: ``{canonical key: (page_id, expire_at)}``, every index row.
     :param page_rows: iterable of ``(page_id, n_entries, blob, crc)``, every
-        page (``crc`` as :func:`~durablekv.store.page_crc`; ignored unless
+        page (``crc`` as :func:`~durablekv.stores.pageformat.page_crc`; ignored unless
         ``checksums``).
     :param key_count: the store's recorded key count.
     :param page_size: slots per page (a slot past it is damage).
@@ -336,7 +336,7 @@ def _undecodable(rec: tuple, values) -> str | None:
 
 def _check_log(directory: str, checkpoint: int, r: CheckResult,
                serializer: str | None = None) -> None:
-    """Read the log as the next open will (:func:`~durablekv.replaylog.scan_segment`):
+    """Read the log as the next open will (:func:`~durablekv.logsegments.scan_segment`):
     damage or an LSN gap that can hide only records at or below the
     checkpoint loses nothing, and recovery steps over it, so it is a note."""
     segments = list_segments(directory)

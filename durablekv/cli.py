@@ -24,7 +24,7 @@ import time
 from typing import Any, Sequence
 
 from . import __version__
-from .cache import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
+from .config import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
 from .traces import FORMATS, open_trace, zipf_workload
 
@@ -589,7 +589,7 @@ def _stored_serializer(directory: str) -> str | None:
     """The serializer a store was created with (its meta table), read
     without opening the cache; None when there is no store to read it from.
     A store that cannot be read is left for the open to report."""
-    from .store import STORE_FILE, read_only_uri
+    from .stores.sqlitefile import STORE_FILE, read_only_uri
     path = os.path.join(directory, STORE_FILE)
     if not os.path.isfile(path):
         return None
@@ -612,8 +612,8 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
         raise ConfigError(f"no such directory: {directory!r}; name a cache directory")
     if not os.path.isdir(directory):
         raise ConfigError(f"{directory!r} is a file, not a cache directory")
-    from .replaylog import list_segments
-    from .store import STORE_FILE
+    from .logsegments import list_segments
+    from .stores.sqlitefile import STORE_FILE
     store = os.path.join(directory, STORE_FILE)
     if not list_segments(directory) and not (os.path.exists(store) and os.path.getsize(store)):
         # Opening would make a new, empty cache here (an empty file is what

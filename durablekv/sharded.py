@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator
 
 from . import codec as _codec
 from .cache import Cache
+from .memoize import memoize as _memoize
 from .errors import ConfigError
 from .stats import CacheStats
 
@@ -303,7 +304,7 @@ class ShardedCache(MutableMapping):
 
     def memoize(self, expire: float | None = None, **kwargs: Any) -> Callable:
         """As :meth:`Cache.memoize`; each result is stored in its key's shard."""
-        return Cache.memoize(self, expire, **kwargs)  # type: ignore[arg-type]
+        return _memoize(self, expire, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -393,7 +394,7 @@ def sum_stats(parts: list[CacheStats]) -> CacheStats:
 
 
 def _check_timeout(timeout: Any) -> float:
-    from .cache import _check_timeout as check
+    from .config import _check_timeout as check
     return check(timeout)
 
 

@@ -139,7 +139,7 @@ def reseal_pages(conn) -> None:
     """Give every page row of an open sqlite3 ``conn`` to a store the
     checksum of its current contents: for tests that damage a page's blob on
     purpose to reach the checks behind the checksum (decoding, the key index)."""
-    from durablekv.store import page_crc
+    from durablekv.stores.pageformat import page_crc
     conn.create_function("durablekv_page_crc", 3, page_crc)
     conn.execute("UPDATE pages SET crc = durablekv_page_crc(page_id, n_entries, data)")
 

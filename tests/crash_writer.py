@@ -30,7 +30,7 @@ import time
 
 from durablekv import Cache
 from durablekv.replaylog import ReplayLog
-from durablekv.store import SQLitePageStore
+from durablekv.stores.sqlite import SQLitePageStore
 
 OUT = sys.stdout.fileno()
 

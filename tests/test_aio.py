@@ -11,7 +11,7 @@ import pytest
 from durablekv import Cache
 from durablekv.aio import AsyncCache
 from durablekv.replaylog import ReplayLog
-from durablekv.store import SQLitePageStore
+from durablekv.stores.sqlite import SQLitePageStore
 
 
 def run(coro):
@@ -193,7 +193,7 @@ def test_wrap_leaves_the_cache_open(tmp_path):
 def test_nowait_calls_refuse_whatever_could_wait(tmp_path):
     """Cache._set_nowait / _get_nowait (what AsyncCache runs on the loop)
     do nothing, and say so, whenever the call could wait."""
-    from durablekv.cache import NOWAIT_UNSURE
+    from durablekv.config import NOWAIT_UNSURE
     with Cache(tmp_path / "f", durability="fsync") as c:
         assert c._set_nowait("k", 1) is False and "k" not in c       # an fsync
     with Cache(tmp_path / "c", page_size=2, max_pages=2, segment_bytes=1024) as c:

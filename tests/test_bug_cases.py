@@ -22,7 +22,7 @@ import pytest
 
 from durablekv import Cache
 from durablekv import codec
-from durablekv.store import decode_page
+from durablekv.stores.pageformat import decode_page
 from .conftest import Clock, open_cache, opened, run_with_timeout
 
 MiB = 1 << 20

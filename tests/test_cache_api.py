@@ -557,8 +557,8 @@ def test_bad_config_is_a_configerror(tmp_path, kw):
 
 def test_the_smallest_segment_bytes_is_accepted_and_rolls_segments(tmp_path):
     """README: ``segment_bytes`` is at least 1024 (below, ConfigError above)."""
-    from durablekv.cache import MIN_SEGMENT_BYTES
-    from durablekv.replaylog import list_segments
+    from durablekv.config import MIN_SEGMENT_BYTES
+    from durablekv.logsegments import list_segments
     assert MIN_SEGMENT_BYTES == 1024
     with open_cache(tmp_path / "c", segment_bytes=1024) as c:
         for i in range(100):
@@ -1120,7 +1120,7 @@ def test_a_scan_sees_writes_made_after_its_batch_was_read(tmp_path, monkeypatch,
     """Entries are read a batch at a time; a write after the batch makes each
     later entry of it be read again, so a deleted key is not yielded and a
     changed one is yielded with its new value."""
-    import durablekv.cache as cache_mod
+    import durablekv.scan as cache_mod
     monkeypatch.setattr(cache_mod, "_SCAN_BATCH", 100)
     monkeypatch.setattr(cache_mod, "_SCAN_BATCH_PAGES", 100)
     with Cache(tmp_path / "c", page_size=2, max_pages=2 if where == "store" else 64) as c:
@@ -1332,7 +1332,7 @@ def test_setdefault_checks_and_keeps_ttl_semantics(tmp_path):
 def test_the_key_limit_the_readme_states(tmp_path):
     """README: an encoded key is at most 1 MiB; a str key takes its UTF-8
     bytes plus 5."""
-    from durablekv.cache import MAX_KEY_BYTES
+    from durablekv.config import MAX_KEY_BYTES
     assert MAX_KEY_BYTES == 1 << 20
     with opened(tmp_path / "c") as c:
         longest = "k" * (MAX_KEY_BYTES - 5)

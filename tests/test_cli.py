@@ -459,7 +459,7 @@ def test_checks_advice_for_a_damage_marker_is_a_command_that_works(tmp_path, cap
     """check named a bare "--on-corruption rebuild", which check itself does
     not take; it names the salvage command that does, and that works."""
     from durablekv import Cache
-    from durablekv.store import mark_damaged
+    from durablekv.stores.sqlitefile import mark_damaged
 
     d = tmp_path / "c"
     with Cache(d) as cache:

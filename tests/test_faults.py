@@ -21,7 +21,8 @@ import pytest
 from durablekv import (Cache, CacheClosedError, CacheFailedError, FlushTimeoutError, LogWriteError,
                        WriteBehindError)
 from durablekv.check import check_directory
-from durablekv.replaylog import ReplayLog, list_segments
+from durablekv.logsegments import list_segments
+from durablekv.replaylog import ReplayLog
 
 REPO = Path(__file__).resolve().parents[1]
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)

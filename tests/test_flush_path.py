@@ -18,7 +18,10 @@ from durablekv import Cache
 from durablekv import codec as kvcodec
 from durablekv.check import CheckResult, _check_store
 from durablekv.pages import EMPTY
-from durablekv.store import PageImage, SQLitePageStore, encode_page, read_only_uri
+from durablekv.stores.base import PageImage
+from durablekv.stores.pageformat import encode_page
+from durablekv.stores.sqlite import SQLitePageStore
+from durablekv.stores.sqlitefile import read_only_uri
 
 from .conftest import Clock, opened
 

@@ -109,7 +109,7 @@ def test_a_64_mib_zero_filled_log_tail_is_cut_in_bounded_work(tmp_path, caplog):
     """A power loss can leave a zero-filled tail; a huge one is skipped in
     blocks (a few candidate offsets, not one Python step per byte), cut off,
     and the open says how many bytes it cut."""
-    from durablekv import replaylog
+    from durablekv import logsegments
     d = tmp_path / "c"
     cache = Cache(d, durability="fsync", **NEVER)
     for i in range(100):
@@ -119,10 +119,10 @@ def test_a_64_mib_zero_filled_log_tail_is_cut_in_bounded_work(tmp_path, caplog):
     with open(seg, "ab") as f:
         f.truncate(seg.stat().st_size + (64 << 20))
     assert check_directory(str(d)).lines[-1].endswith("healthy")  # a torn tail is no damage
-    before = replaylog.resync_probes
+    before = logsegments.resync_probes
     with Cache(d) as cache:
         assert [cache[f"k{i}"] for i in range(100)] == list(range(100))
-    assert replaylog.resync_probes - before < 100  # (one per byte: 67 million)
+    assert logsegments.resync_probes - before < 100  # (one per byte: 67 million)
     assert any("cut a torn tail of 67108864 bytes" in r.getMessage() for r in caplog.records)
 
 
@@ -130,8 +130,8 @@ def test_a_resync_search_through_garbage_gives_up_and_says_so(tmp_path, monkeypa
     """Garbage (not zeros) behind a damaged record: the search for the next
     intact record stops after RESYNC_LIMIT offsets, and the damage is
     refused (intact records may lie behind it), naming what was not searched."""
-    from durablekv import LogCorruptionError, replaylog
-    monkeypatch.setattr(replaylog, "RESYNC_LIMIT", 10_000)
+    from durablekv import LogCorruptionError, logsegments
+    monkeypatch.setattr(logsegments, "RESYNC_LIMIT", 10_000)
     d2 = tmp_path / "d"
     cache = Cache(d2, durability="fsync", **NEVER)
     cache["a"] = 1
@@ -197,7 +197,7 @@ def test_a_deeply_nested_log_record_is_damage_not_a_recursion_error(tmp_path, wh
     RecursionError."""
     from durablekv import DurableKVError
     from durablekv.cli import main
-    from durablekv.replaylog import OP_SET, encode_record
+    from durablekv.logsegments import OP_SET, encode_record
     d = tmp_path / "c"
     cache = Cache(d, durability="fsync", **NEVER)
     cache["a"] = 1
@@ -276,7 +276,7 @@ def test_a_log_cut_back_behind_a_deleted_store_is_refused_not_started_empty(tmp_
     next open meets a new empty store and a log starting past LSN 1, and
     refuses the gap (check reports it) instead of starting empty."""
     from durablekv import DurableKVError, LogCorruptionError
-    from durablekv.cache import MIN_SEGMENT_BYTES
+    from durablekv.config import MIN_SEGMENT_BYTES
     d = tmp_path / "c"
     cache = Cache(d, segment_bytes=MIN_SEGMENT_BYTES, **NEVER)
     for i in range(400):
@@ -317,7 +317,7 @@ def test_deleting_the_active_log_segment_while_open_fails_loudly(tmp_path, durab
 def test_the_sqlite_wal_is_cut_back_while_the_cache_runs(tmp_path, monkeypatch):
     """Many flushes of a store several times the WAL limit: the -wal file
     stays near the limit while open instead of growing with the load."""
-    from durablekv.store import SQLitePageStore
+    from durablekv.stores.sqlite import SQLitePageStore
     limit = 256 << 10
     monkeypatch.setattr(SQLitePageStore, "wal_size_limit", limit)
     d = tmp_path / "c"
@@ -343,7 +343,7 @@ def test_a_segment_the_directory_refuses_is_log_write_error_not_permission_error
     import errno
     import os as _os
     from durablekv import LogWriteError
-    from durablekv.cache import MIN_SEGMENT_BYTES
+    from durablekv.config import MIN_SEGMENT_BYTES
     d = tmp_path / "c"
     cache = Cache(d, segment_bytes=MIN_SEGMENT_BYTES, **NEVER)
     real_open = _os.open
@@ -369,7 +369,7 @@ def test_a_segment_the_directory_refuses_is_log_write_error_not_permission_error
 
 
 def test_the_over_limit_message_does_not_advise_raising_a_limit_at_its_maximum(tmp_path):
-    from durablekv.cache import MAX_VALUE_BYTES_LIMIT
+    from durablekv.config import MAX_VALUE_BYTES_LIMIT
     with Cache(tmp_path / "a", max_value_bytes=10) as cache:
         with pytest.raises(ValueError, match="raise max_value_bytes"):
             cache["k"] = b"x" * 11

@@ -257,7 +257,7 @@ def test_a_flush_that_outgrows_the_filter_adds_every_slice(tmp_path, small_filte
     and starts a build, which the next cycle's scan completes. The later
     slices still go into the filter in use: their pages are dropped at the
     end of this flush, before that scan."""
-    import durablekv.cache as cache_mod
+    import durablekv.writeback as cache_mod
     monkeypatch.setattr(cache_mod, "_FILTER_SLICE", 64)
     with Cache(tmp_path / "c", page_size=4, max_pages=2, **NEVER) as cache:
         old = cache._filter
@@ -368,7 +368,7 @@ def test_recovery_that_flushes_at_open_fills_the_filter(tmp_path, how):
     filter when open returns."""
     from pathlib import Path
 
-    from durablekv.replaylog import HEADER, MAGIC, list_segments
+    from durablekv.logsegments import HEADER, MAGIC, list_segments
 
     from .test_recovery import crash
     d = tmp_path / "c"

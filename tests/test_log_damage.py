@@ -17,7 +17,7 @@ import pytest
 from durablekv import Cache, CorruptStoreError, LogCorruptionError
 from durablekv.check import check_directory
 from durablekv.cli import main
-from durablekv.replaylog import HEADER, MAGIC, list_segments, read_segment
+from durablekv.logsegments import HEADER, MAGIC, list_segments, read_segment
 
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
 
@@ -456,7 +456,7 @@ def _reference_parse(data: bytes):
     """The straightforward parser the fast one must agree with, record for record."""
     import zlib
 
-    from durablekv.replaylog import _LEN_LSN, PAYLOAD
+    from durablekv.logsegments import PAYLOAD, _LEN_LSN
     if len(data) < len(MAGIC):
         if data == MAGIC[:len(data)]:
             return [], 0, (0 if data else None)
@@ -490,7 +490,7 @@ def test_parser_agrees_with_a_reference_at_every_flipped_byte_and_cut(tmp_path):
     reference parser."""
     import zlib
 
-    from durablekv.replaylog import _LEN_LSN, PAYLOAD, _parse_segment, encode_record
+    from durablekv.logsegments import PAYLOAD, _LEN_LSN, _parse_segment, encode_record
     d = tmp_path / "c"
     cache = Cache(d, **NEVER)
     cache["a"] = "A" * 10
@@ -685,7 +685,7 @@ def test_stepping_over_damage_never_drops_a_record(tmp_path):
     """For every flipped byte of a segment in the middle of the log (no
     checkpoint), the scan either stops at the damage or, when it steps over
     it, still returns every record of the segment, unchanged."""
-    from durablekv.replaylog import _first_lsn_of, scan_segment
+    from durablekv.logsegments import _first_lsn_of, scan_segment
     segs = write_segments(tmp_path / "c")
     data = Path(segs[2]).read_bytes()
     first = _first_lsn_of(segs[2])

@@ -12,8 +12,9 @@ from hypothesis import given, strategies as st
 from durablekv import Cache, CorruptStoreError, codec
 from durablekv.check import check_directory
 from durablekv.cli import main
-from durablekv.store import (ASCII_KEYS, INT_KEYS, NO_TTL, RAW_BYTES, decode_page, encode_page,
-                             migration_files, page_columns, page_layout, split_page)
+from durablekv.stores.pageformat import (ASCII_KEYS, INT_KEYS, NO_TTL, RAW_BYTES, decode_page,
+                                         encode_page, page_columns, page_layout, split_page)
+from durablekv.stores.sqlitefile import migration_files
 
 from .conftest import reseal_pages
 

@@ -66,7 +66,7 @@ def test_row_postgresql_lost_without_a_standby(tmp_path, durability):
     segments the flush's checkpoint let go (the segments are 1 KiB here); the
     open refuses loudly, because the namespace was created anew
     (ConfigError), instead of serving a cache with a hole."""
-    from durablekv.cache import MIN_SEGMENT_BYTES
+    from durablekv.config import MIN_SEGMENT_BYTES
     with pg_server() as server:
         c = pg_cache(tmp_path / "c", server, "n", durability=durability,
                      segment_bytes=MIN_SEGMENT_BYTES)
@@ -215,3 +215,22 @@ def test_a_taken_over_namespace_stops_the_old_owner(pg, pg_ns, tmp_path):
 def test_sync_needs_a_postgresql_store(tmp_path):
     with pytest.raises(ConfigError, match="durability='sync' .* needs a PostgreSQL store"):
         Cache(tmp_path / "c", durability="sync")
+
+
+def test_every_write_path_commits_before_it_returns(pg, pg_ns, tmp_path):
+    """setdefault, add, incr, touch and pop, and the event loop's no-wait set
+    (which must decline: the record has to reach PostgreSQL first), each
+    return only once their record is committed: the directory lost right
+    after loses none of them."""
+    c = pg_cache(tmp_path / "c", pg, pg_ns, durability="sync")
+    c["gone"] = 1
+    assert c._set_nowait("nowait", 1) is False and "nowait" not in c
+    assert c.setdefault("sd", 1) == 1
+    assert c.add("add", 2) is True
+    assert c.incr("n", 5) == 5
+    assert c.touch("sd", 3600) is True
+    assert c.pop("gone") == 1
+    c._teardown(clean=False)  # killed, and its directory with it
+    shutil.rmtree(tmp_path / "c")
+    with open_with_deadline(tmp_path / "elsewhere", pg, pg_ns, durability="sync") as c:
+        assert (c.get("sd"), c.get("add"), c.get("n"), c.get("gone")) == (1, 2, 5, None)

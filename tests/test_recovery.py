@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from durablekv import Cache
-from durablekv.replaylog import HEADER, MAGIC, ReplayLog, list_segments, read_segment
+from durablekv.logsegments import HEADER, MAGIC, list_segments, read_segment
+from durablekv.replaylog import ReplayLog
 from durablekv.pages import EMPTY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,7 +258,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from durablekv import codec as _codec  # noqa: E402
 from durablekv.check import check_directory  # noqa: E402
-from durablekv.replaylog import OP_CLEAR, OP_SET  # noqa: E402
+from durablekv.logsegments import OP_CLEAR, OP_SET  # noqa: E402
 
 from .conftest import Clock  # noqa: E402
 
@@ -307,7 +308,7 @@ def state(cache: Cache) -> dict:
 def stored_entries(cache: Cache) -> dict:
     """After a flush: every stored entry (key type and object, encoded value,
     expire_at), by canonical key; and the store's counts."""
-    from durablekv.store import decode_page
+    from durablekv.stores.pageformat import decode_page
     cache.flush()
     with cache._lock:
         rows = cache._store._r.execute("SELECT data FROM pages").fetchall()

@@ -6,7 +6,7 @@ a write returns only once its log record is committed in PostgreSQL (table
 acknowledged write: any machine that opens the namespace next replays the
 records after the store's checkpoint. The directory keeps only ``LOCK``.
 
-Records are the local log's bytes (:func:`durablekv.replaylog.encode_record`:
+Records are the local log's bytes (:func:`durablekv.logsegments.encode_record`:
 length, CRC, LSN, payload), one row per record, keyed ``(ns_id, lsn)``.
 
 Group commit: :meth:`PgReplayLog.append` (under the cache's lock) only
@@ -41,7 +41,8 @@ import time
 from typing import Any
 
 from ..errors import LogCorruptionError, LogWriteError, StoreError
-from ..replaylog import RecoveryResult, ReplayLog, _parse_segment, encode_record
+from ..logsegments import _parse_segment, encode_record
+from ..replaylog import RecoveryResult, ReplayLog
 
 log = logging.getLogger("durablekv.stores.pglog")
 

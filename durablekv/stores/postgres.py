@@ -13,8 +13,8 @@ share one database):
 * ``dkv_namespaces(ns_id, name)``: one row per namespace;
 * ``dkv_pages(ns_id, page_id, n_entries, data, crc)``: one row per
   non-empty page; ``data`` is the page blob, the same bytes as in the SQLite
-  store (format: :mod:`durablekv.store`), opaque to PostgreSQL (bytea), and
-  ``crc`` its :func:`~durablekv.store.page_crc`, checked on every read;
+  store (format: :mod:`durablekv.stores.pageformat`), opaque to PostgreSQL (bytea), and
+  ``crc`` its :func:`~durablekv.stores.pageformat.page_crc`, checked on every read;
 * ``dkv_keys(ns_id, key, page_id, expire_at, orig)``: the key index;
 * ``dkv_meta(ns_id, name, value)``: as the SQLite store's ``meta``, plus
   ``flush_seq``, the number of flush transactions committed, ``owner``, a
@@ -59,7 +59,8 @@ from typing import Any, Container, Iterator, Sequence
 
 from ..errors import (ConfigError, CorruptStoreError, HeldKeyError, NamespaceLockedError,
                       SchemaVersionError, StoreError)
-from ..store import PageImage, page_crc
+from .base import PageImage, meta_problems, ordered_migrations
+from .pageformat import page_crc
 
 try:
     import psycopg
@@ -90,16 +91,7 @@ def migration_files() -> list[tuple[int, str, str]]:
     """The packaged PostgreSQL migrations as ``(version, name, sql)``, in order."""
     from importlib.resources import files
     root: Any = files("durablekv.migrations.postgres")
-    out = []
-    for p in root.iterdir():
-        prefix = p.name.split("_", 1)[0]
-        if p.name.endswith(".sql") and prefix.isdigit():
-            out.append((int(prefix), p.name, p.read_text(encoding="utf-8")))
-    out.sort()
-    for i, (v, name, _) in enumerate(out, 1):
-        if v != i:
-            raise RuntimeError(f"migration {name} is out of sequence (expected number {i})")
-    return out
+    return ordered_migrations(root.iterdir())
 
 
 def describe_conninfo(conninfo: str) -> str:
@@ -147,11 +139,27 @@ def _need_psycopg() -> None:
                           "install it with: pip install 'durablekv[postgres]'")
 
 
+def _typed_meta(meta: dict[str, str]) -> dict[str, Any]:
+    """``dkv_meta`` (text values) as the SQLite store's meta types, for
+    :func:`~durablekv.stores.base.meta_problems`: a value that does not parse
+    stays text, which that check reports."""
+    out: dict[str, Any] = dict(meta)
+    for name, kind in (("page_size", int), ("checkpoint_lsn", int), ("key_count", int),
+                       ("ttl_key_count", int), ("ttl_clock_offset", float),
+                       ("ttl_clock_now", float)):
+        if name in meta:
+            try:
+                out[name] = kind(meta[name])
+            except ValueError:
+                pass
+    return out
+
+
 class PostgresPageStore:
     """Pages and the key index of one namespace in a PostgreSQL database.
 
-    The same methods, attributes and semantics as
-    :class:`durablekv.store.SQLitePageStore`.
+    The :class:`~durablekv.stores.base.PageStore` protocol, with the same
+    semantics as :class:`durablekv.stores.sqlite.SQLitePageStore`.
 
     :param conninfo: a libpq connection string or ``postgresql://`` URL; may
         list several hosts (``host1:5432,host2:5432``) with
@@ -203,9 +211,14 @@ class PostgresPageStore:
             self._r = self._connect()
             meta = self._meta(self._w)
             with self._translate("open"):
-                self.max_page_id = int(self._w.execute(
-                    "SELECT COALESCE(MAX(page_id), 0) FROM dkv_pages WHERE ns_id = %s",
-                    (self.ns_id,)).fetchone()[0])
+                max_pid, min_pid, keys_bytes = self._w.execute(
+                    "SELECT MAX(page_id), MIN(page_id), pg_total_relation_size('dkv_keys') "
+                    "FROM dkv_pages WHERE ns_id = %s", (self.ns_id,)).fetchone()
+            # (the keys table's size bounds key_count: every key takes a byte of it)
+            problems = meta_problems(_typed_meta(meta), max_pid, min_pid, int(keys_bytes))
+            if problems:
+                raise CorruptStoreError(self.path, "; ".join(problems))
+            self.max_page_id = int(max_pid or 0)
         except BaseException:
             self.close()
             raise
@@ -534,7 +547,7 @@ class PostgresPageStore:
                     ttl_clock: tuple[float, float] | None = None) -> list[bytes]:
         """Write pages, index changes, the checkpoint LSN and the counts in ONE
         transaction; parameters, result and errors as
-        :meth:`durablekv.store.SQLitePageStore.write_batch`.
+        :meth:`durablekv.stores.base.PageStore.write_batch`.
 
         :raises StoreError: the transaction failed and was rolled back, or
             the connection was lost and the namespace taken over meanwhile.

@@ -1,4 +1,4 @@
-"""The SQLite page store: pages, the key index and the checkpoint LSN.
+"""The SQLite page store, the first :class:`~durablekv.stores.base.PageStore`: pages, the key index and the checkpoint LSN.
 
 File: ``pages.sqlite3`` in the cache directory, plain SQLite in WAL mode
 (``sqlite3 pages.sqlite3 .schema`` shows a readable schema). The schema comes
@@ -17,27 +17,8 @@ Tables:
   ``ttl_clock_offset`` (seconds added to the wall clock) and ``ttl_clock_now``
   (the latest TTL time then), so that TTL time stays monotonic across opens.
 
-Page blob format, version 2 (little-endian, columnar, so that a page fault
-reads every header with one ``struct`` call and every key with one decode)::
-
-    blob    = marker n flags slots [expires] klens vlens keys values
-    marker  = u16 0xFFFF (a version-1 page starts with a slot number < 0xFFFF)
-    n       = u16, entries in the page;  flags = u8, bits below
-    slots   = n x u16
-    expires = n x f64, NaN for none; left out when flag NO_TTL is set
-    klens   = n x u32;  vlens = n x u32: byte lengths of each key and value
-    keys    = the n keys back to back: each key's encoding
-              (:func:`durablekv.codec.encode_key`); with flag ASCII_KEYS
-              (every key a str of ASCII characters) just the characters;
-              with flag INT_KEYS (every key an int in int64 range) n x i64
-    values  = the n values back to back: each value's encoding (the cache's
-              value codec), or with flag RAW_BYTES (every value ``bytes``
-              under the safe codec) just the bytes
-
-Version 1 (read, never written): for each used slot a header ``<HdII`` =
-(slot, expire_at or NaN, key length, value length), the encoded key, then
-the encoded value. Schema version 2 marks stores that may hold version-2
-pages, so an older durablekv refuses them instead of misreading them.
+Page blobs: :mod:`durablekv.stores.pageformat` (format spec and codec);
+the protocol this store implements: :class:`durablekv.stores.base.PageStore`.
 
 Threads: the write connection is used only by the write-behind batcher's
 thread (and by open/close, when that thread is not running); the read
@@ -50,437 +31,29 @@ place, :func:`_translate`.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import math
 import operator
 import os
 import sqlite3
-import struct
-import zlib
-from dataclasses import dataclass
-from itertools import accumulate
-from pathlib import Path
 from typing import AbstractSet as Set
 from typing import Any, Container, Iterator, Sequence
 
-from ._perms import FILE_MODE
-from .errors import ConfigError, CorruptStoreError, HeldKeyError, SchemaVersionError, StoreError
-from .replaylog import _fsync_dir
+from .._perms import FILE_MODE
+from ..errors import ConfigError, CorruptStoreError, HeldKeyError, SchemaVersionError, StoreError
+from .base import PageImage, meta_problems
+from .pageformat import page_crc
+from .sqlitefile import (STORE_FILE, _check_header, _fsync_parent, _nonempty,
+                         _norm_codec, _remove_orphans, _statements, _translate, mark_damaged,
+                         migration_files)
 
 log = logging.getLogger("durablekv.store")
 
-__all__ = ["SQLitePageStore", "PageImage", "encode_page", "encode_columns", "decode_page", "split_page",
-           "page_layout", "page_columns", "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS", "migration_files",
-           "STORE_FILE", "page_crc", "meta_problems", "PAGE_SIZE_MAX"]
+__all__ = ["SQLitePageStore"]
 
-STORE_FILE = "pages.sqlite3"
-#: Left beside the store when damage is found while the cache runs, so the
-#: next open refuses the store (or rebuilds it) instead of trusting it.
-DAMAGE_MARKER = STORE_FILE + ".damaged"
-_ENTRY = struct.Struct("<HdII")  # a version-1 page entry header
-assert _ENTRY.size == 18
-_N_FLAGS = struct.Struct("<HB")
 _FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data, p.crc FROM keys AS k "
              "LEFT JOIN pages AS p ON p.page_id = k.page_id WHERE k.key = ?")
-_U32 = struct.Struct("<I")
-_NAN = float("nan")
-_PID_N = struct.Struct("<qI")
-
-
-def page_crc(page_id: int, n_entries: int, data: bytes) -> int | None:
-    """The checksum stored beside a page (``pages.crc``, schema version 3):
-    CRC-32 (zlib) of ``<qI`` (page id, entry count) followed by the blob, so
-    a flipped bit in the blob, a wrong entry count, or a blob copied into
-    another page's row is found when the page is read.
-
-    :returns: the checksum (a u32), or None for fields no page can have (a
-        page id outside int64, a count outside u32, a blob that is not
-        bytes), which then match no stored checksum.
-    """
-    if type(data) is not bytes:
-        return None
-    try:
-        head = _PID_N.pack(page_id, n_entries)
-    except (struct.error, TypeError):
-        return None
-    return zlib.crc32(data, zlib.crc32(head))
-
-
-@dataclass(frozen=True)
-class PageImage:
-    """One page as the batcher writes it.
-
-    :ivar page_id: the page's id.
-    :ivar n: entries in the page (0 deletes the row).
-    :ivar ttl_n: entries that have an expire_at.
-    :ivar data: the page blob (see module docstring).
-    :ivar index_rows: ``(canonical_key, expire_at, orig_or_None)`` for every
-        entry when the page's key set changed since it was last stored, else
-        None (value-only change: the index is left alone).
-    :ivar stored: the store may hold this page (a committed row and index
-        rows). False only for a page id that has no committed rows (never
-        stored, or committed empty since): its index rows are inserted
-        without reading or deleting anything first.
-    """
-
-    page_id: int
-    n: int
-    ttl_n: int
-    data: bytes
-    index_rows: Sequence[tuple[bytes, float | None, bytes | None]] | None
-    stored: bool = True
-
-
-def encode_page(entries: Sequence[tuple[int, bytes, bytes, float | None]]) -> bytes:
-    """Pack ``(slot, key_bytes, value_bytes, expire_at)`` entries into a
-    version-2 page blob (see the module docstring). ``key_bytes`` is the
-    key's :func:`~durablekv.codec.encode_key` form, ``value_bytes`` the
-    value codec's."""
-    kbs = [e[1] for e in entries]
-    vbs = [e[2] for e in entries]
-    flags = 0
-    if all(kb[:1] == b"s" for kb in kbs):
-        body = [kb[5:] for kb in kbs]
-        if all(map(bytes.isascii, body)):
-            kbs = body
-            flags |= ASCII_KEYS
-    elif all(kb[:1] == b"q" and len(kb) == 9 for kb in kbs):
-        kbs = [kb[1:] for kb in kbs]
-        flags |= INT_KEYS
-    if all(vb[:1] == b"b" and len(vb) >= 5 and _U32.unpack_from(vb, 1)[0] == len(vb) - 5
-           for vb in vbs):
-        # exactly the safe codec's bytes encoding, so the tag and length can
-        # be dropped here and rebuilt from the column on read, losslessly
-        vbs = [vb[5:] for vb in vbs]
-        flags |= RAW_BYTES
-    return encode_columns([e[0] for e in entries], kbs, vbs, [e[3] for e in entries], flags)
-
-
-def encode_columns(slots: Sequence[int], kbs: Sequence[bytes], vbs: Sequence[bytes],
-                   expires: Sequence[float | None], flags: int) -> bytes:
-    """A version-2 page blob from parallel columns, keys and values already
-    in the form ``flags`` names (ASCII_KEYS: bare ASCII text; INT_KEYS: bare
-    int64; RAW_BYTES: bare bytes; otherwise their encodings). NO_TTL is
-    added here when no entry has an expire_at."""
-    n = len(slots)
-    if expires.count(None) == n:
-        head = _columns(n, False).pack(0xFFFF, n, flags | NO_TTL, *slots,
-                                      *map(len, kbs), *map(len, vbs))
-    else:
-        head = _columns(n, True).pack(0xFFFF, n, flags, *slots,
-                                     *[_NAN if x is None else x for x in expires],
-                                     *map(len, kbs), *map(len, vbs))
-    return b"".join((head, *kbs, *vbs))
-
-
-ASCII_KEYS, RAW_BYTES, NO_TTL, INT_KEYS = 1, 2, 4, 8
-_FLAGS = ASCII_KEYS | RAW_BYTES | NO_TTL | INT_KEYS
-_COLUMNS: dict[tuple[int, bool], struct.Struct] = {}
-
-
-def _columns(n: int, ttl: bool) -> struct.Struct:
-    """The ``struct`` of a version-2 page header with ``n`` entries (cached)."""
-    st = _COLUMNS.get((n, ttl))
-    if st is None:
-        st = _COLUMNS[n, ttl] = struct.Struct(f"<HHB{n}H{n if ttl else 0}d{n}I{n}I")
-    return st
-
-
-def split_page(data: bytes) -> tuple[Sequence[int], list[float | None], list[bytes], list[bytes]]:
-    """``(slots, expires, key_bytes, value_bytes)`` of a page blob of either
-    version, as parallel sequences; keys and values in their encoded form.
-
-    :raises ValueError: the blob is damaged (truncated, lengths that do not
-        add up to its size).
-    """
-    if data[:2] != b"\xff\xff":
-        entries = list(_decode_v1(data))
-        return ([e[0] for e in entries], [e[3] for e in entries],
-                [e[1] for e in entries], [e[2] for e in entries])
-    slots, exps, flags, kpos, vpos = page_layout(data)
-    kbs = [data[a:b] for a, b in zip(kpos, kpos[1:])]
-    if flags & ASCII_KEYS:
-        kbs = [b"s" + _U32.pack(len(kb)) + kb for kb in kbs]
-    elif flags & INT_KEYS:
-        kbs = [b"q" + kb for kb in kbs]
-    vbs = [data[a:b] for a, b in zip(vpos, vpos[1:])]
-    if flags & RAW_BYTES:
-        vbs = [b"b" + _U32.pack(len(vb)) + vb for vb in vbs]
-    return slots, exps, kbs, vbs
-
-
-def page_layout(data: bytes) -> tuple[Sequence[int], list[float | None], int, list[int],
-                                      list[int]]:
-    """Parse a version-2 page header: ``(slots, expires, flags, key_offsets,
-    value_offsets)``; key ``i`` is ``data[key_offsets[i]:key_offsets[i + 1]]``
-    and likewise for values (each offsets list has ``n + 1`` items).
-
-    :raises ValueError: the blob is damaged.
-    """
-    slots, exps, flags, klens, vlens, start = _page_header(data)
-    kpos = list(accumulate(klens, initial=start))
-    vpos = list(accumulate(vlens, initial=kpos[-1]))
-    return slots, exps, flags, kpos, vpos
-
-
-def _page_header(data: bytes) -> tuple[Sequence[int], list[float | None], int, Sequence[int],
-                                       Sequence[int], int]:
-    """Parse and check a version-2 page header: ``(slots, expires, flags,
-    key_lengths, value_lengths, header_size)``.
-
-    :raises ValueError: the blob is damaged (cut short, lengths that do not
-        add up to its size, impossible flags, int keys not 8 bytes each).
-    """
-    if len(data) < 5:
-        raise ValueError("truncated page header")
-    n, flags = _N_FLAGS.unpack_from(data, 2)
-    ttl = not flags & NO_TTL
-    st = _columns(n, ttl)
-    start = st.size
-    if len(data) < start:
-        raise ValueError(f"page header for {n} entries runs past the page end")
-    cols = st.unpack_from(data)
-    slots = cols[3:3 + n]
-    if ttl:
-        exps = [None if e != e else e for e in cols[3 + n:3 + 2 * n]]
-        klens, vlens = cols[3 + 2 * n:3 + 3 * n], cols[3 + 3 * n:]
-    else:
-        exps = [None] * n
-        klens, vlens = cols[3 + n:3 + 2 * n], cols[3 + 2 * n:]
-    end = start + sum(klens) + sum(vlens)
-    if end != len(data):
-        raise ValueError(f"entry lengths add up to {end} bytes, the page holds {len(data)}")
-    if flags & ~_FLAGS or flags & ASCII_KEYS and flags & INT_KEYS:
-        raise ValueError(f"page flags {flags:#04x} are not a valid combination")
-    if flags & INT_KEYS and klens.count(8) != n:
-        raise ValueError(f"an int-key page of {n} entries has keys that are not 8 bytes")
-    return slots, exps, flags, klens, vlens, start
-
-
-def page_columns(data: bytes) -> tuple[Sequence[int], list[float | None], int, list[Any],
-                                        list[bytes]]:
-    """Decode a version-2 page blob into ``(slots, expires, flags, keys,
-    values)`` for a page fault: ``keys`` are str (ASCII_KEYS), int
-    (INT_KEYS) or else the keys' encoded bytes; ``values`` are bare bytes
-    (RAW_BYTES) or else the value codec's blobs. A column whose entries all
-    have one length (fixed-width keys, fixed-size values) is cut with one
-    cached ``struct`` call instead of a slice per entry.
-
-    :raises ValueError: the blob is damaged (also UnicodeDecodeError for
-        ASCII keys that are not ASCII).
-    """
-    slots, exps, flags, klens, vlens, start = _page_header(data)
-    vstart = start + sum(klens)
-    if flags & INT_KEYS:
-        keys: list[Any] = list(_int64s(len(slots)).unpack_from(data, start))
-    elif flags & ASCII_KEYS:
-        keys = _cut(data[start:vstart].decode("ascii"), klens, 0)
-    else:
-        keys = _cut(data, klens, start)
-    return slots, exps, flags, keys, _cut(data, vlens, vstart)
-
-
-@functools.lru_cache(maxsize=512)
-def _fixed(n: int, size: int) -> struct.Struct:
-    """``n`` consecutive pieces of ``size`` bytes."""
-    return struct.Struct(f"{size}s" * n)
-
-
-@functools.lru_cache(maxsize=None)
-def _int64s(n: int) -> struct.Struct:
-    """``n`` little-endian int64s (the keys of an INT_KEYS page)."""
-    return struct.Struct(f"<{n}q")
-
-
-def _cut(buf: Any, lens: Sequence[int], pos: int) -> list[Any]:
-    """``buf`` (bytes or str) cut into consecutive pieces of ``lens`` from ``pos``."""
-    n = len(lens)
-    if n and lens.count(lens[0]) == n:
-        size = lens[0]
-        if type(buf) is bytes:
-            return list(_fixed(n, size).unpack_from(buf, pos))
-        if size:
-            return [buf[i:i + size] for i in range(pos, pos + n * size, size)]
-    ends = list(accumulate(lens, initial=pos))
-    return [buf[a:b] for a, b in zip(ends, ends[1:])]
-
-
-def decode_page(data: bytes) -> Iterator[tuple[int, bytes, bytes, float | None]]:
-    """Inverse of :func:`encode_page`, for either version: yields
-    ``(slot, key_bytes, value_bytes, expire_at)``.
-
-    :raises ValueError: the blob is damaged.
-    """
-    if data[:2] != b"\xff\xff":
-        yield from _decode_v1(data)
-        return
-    slots, exps, kbs, vbs = split_page(data)
-    yield from zip(slots, kbs, vbs, exps)
-
-
-def _decode_v1(data: bytes) -> Iterator[tuple[int, bytes, bytes, float | None]]:
-    pos, end = 0, len(data)
-    unpack = _ENTRY.unpack_from
-    size = _ENTRY.size
-    count = 0
-    while pos < end:
-        count += 1
-        if count > PAGE_SIZE_MAX:
-            raise ValueError(f"more than {PAGE_SIZE_MAX} entries (the most a page can hold)")
-        if pos + size > end:
-            raise ValueError(f"truncated entry header at byte {pos}")
-        slot, exp, kl, vl = unpack(data, pos)
-        pos += size
-        if pos + kl + vl > end:
-            raise ValueError(f"entry at byte {pos - size} runs past the page end")
-        kb = data[pos:pos + kl]
-        pos += kl
-        vb = data[pos:pos + vl]
-        pos += vl
-        yield slot, kb, vb, (None if exp != exp else exp)
-
-
-#: Most slots a page may have (a slot number is a u16 in the page blob);
-#: the constructor's bound on ``page_size``, and the bound on the stored one.
-PAGE_SIZE_MAX = 65535
-#: Bounds on page ids and LSNs read from disk (far beyond any real store,
-#: well inside int64 so that no later arithmetic or packing overflows).
-_ID_MAX = (1 << 62) - 1
-
-
-def meta_problems(meta: dict[str, Any], max_page_id: Any, min_page_id: Any,
-                  store_bytes: int) -> list[str]:
-    """What is wrong with settings and counters read from a store's ``meta``
-    table (and the page-id range of its ``pages``), each naming the field,
-    the value found and the bound; [] when all hold. The bounds are the
-    constructor's (``page_size`` 1 to :data:`PAGE_SIZE_MAX`) and what a store
-    of ``store_bytes`` bytes can hold (every key takes at least a byte of
-    its index, so ``key_count`` cannot exceed it)."""
-    out: list[str] = []
-
-    def need_int(name: str, value: Any, lo: int, hi: int, why: str = "") -> bool:
-        if type(value) is int and lo <= value <= hi:
-            return True
-        out.append(f"meta {name}={value!r} is not an integer from {lo} to {hi}{why}")
-        return False
-
-    if "page_size" in meta:
-        need_int("page_size", meta["page_size"], 1, PAGE_SIZE_MAX)
-    if "serializer" in meta and type(meta["serializer"]) is not str:
-        out.append(f"meta serializer={meta['serializer']!r} is not a codec name")
-    need_int("checkpoint_lsn", meta.get("checkpoint_lsn"), 0, _ID_MAX)
-    bound = max(store_bytes, 0)
-    if need_int("key_count", meta.get("key_count"), 0, bound,
-                f" (a store of {store_bytes} bytes cannot hold more keys)"):
-        need_int("ttl_key_count", meta.get("ttl_key_count"), 0, meta["key_count"],
-                 " (key_count)")
-    for name in ("ttl_clock_offset", "ttl_clock_now"):
-        value = meta.get(name)
-        if name in meta and not (type(value) in (int, float) and value == value and
-                                 (name == "ttl_clock_now" or math.isfinite(value))):
-            out.append(f"meta {name}={value!r} is not a " +
-                       ("finite number" if name == "ttl_clock_offset" else "number"))
-    if max_page_id is not None and (type(max_page_id) is not int or
-                                    not 0 <= min_page_id <= max_page_id <= _ID_MAX):
-        out.append(f"page ids run from {min_page_id!r} to {max_page_id!r}, outside 0 to "
-                   f"{_ID_MAX}")
-    return out
-
-
-def migration_files() -> list[tuple[int, str, str]]:
-    """The packaged migrations as ``(version, name, sql)``, in order."""
-    try:
-        from importlib.resources import files
-        root: Any = files("durablekv.migrations")
-        items = [p for p in root.iterdir() if p.name.endswith(".sql")]
-    except ModuleNotFoundError:  # pragma: no cover - running from a source tree
-        root = Path(__file__).resolve().parent.parent / "migrations"
-        items = list(root.glob("*.sql"))
-    out = []
-    for p in items:
-        prefix = p.name.split("_", 1)[0]
-        if not prefix.isdigit():
-            continue
-        out.append((int(prefix), p.name, p.read_text(encoding="utf-8")))
-    out.sort()
-    for i, (v, name, _) in enumerate(out, 1):
-        if v != i:
-            raise RuntimeError(f"migration {name} is out of sequence (expected number {i})")
-    return out
-
-
-def _cannot_open_hint(path: str, msg: str) -> str:
-    """The likely causes and fix for SQLite errors that say a file cannot
-    be opened or written (empty for any other message)."""
-    low = msg.lower()
-    if "unable to open database file" not in low and "readonly database" not in low:
-        return ""
-    directory = os.path.dirname(path) or "."
-    return (f"; SQLite could not open or create {os.path.basename(path)} (or its -wal or "
-            f"-shm file) in {directory!r} for writing. Likely causes: permissions (the owner "
-            "and mode of the directory and of those files), a read-only or immutable "
-            "directory or file system (a read-only mount, chattr +i), a symlink pointing "
-            "nowhere, or a full or failing disk. Fix that and open the cache again, or "
-            "open a cache in a writable directory")
-
-
-@contextlib.contextmanager
-def _translate(path: str, what: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.DatabaseError as exc:
-        msg = str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and not _looks_corrupt(msg):
-            raise StoreError(f"{what} on page store {path!r} failed: {msg}"
-                             f"{_cannot_open_hint(path, msg)}", path) from exc
-        if isinstance(exc, sqlite3.DatabaseError) and _looks_corrupt(msg):
-            mark_damaged(path, msg)
-            raise CorruptStoreError(path, msg) from exc
-        raise StoreError(f"{what} on page store {path!r} failed: {msg}", path) from exc
-
-
-def _fsync_parent(path: str) -> None:
-    """fsync the directory holding ``path`` (a new name in it), where the
-    file system can (some cannot fsync a directory)."""
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def _remove_orphans(path: str) -> None:
-    """Before a new store is made at ``path``: remove what a store that is
-    gone left beside it (deleted to reset a cache, say). SQLite would apply
-    an old ``-wal`` to the new file, and an old damage marker would refuse
-    the new store at its next open."""
-    gone = [path + s for s in ("-wal", "-shm", ".damaged") if os.path.exists(path + s)]
-    for leftover in gone:
-        os.unlink(leftover)
-    if gone:
-        log.warning("%s is gone; removed what it left (%s) before making a new store",
-                    path, ", ".join(map(os.path.basename, gone)))
-
-
-def _nonempty(path: str) -> bool:
-    try:
-        return os.path.getsize(path) > 0
-    except OSError:
-        return False
-
-
-def mark_damaged(path: str, detail: str) -> None:
-    """Record that the store at ``path`` was found damaged (best effort)."""
-    try:
-        with open(path + ".damaged", "a", encoding="utf-8",
-                  opener=lambda p, flags: os.open(p, flags, FILE_MODE)) as f:
-            f.write(detail.replace("\n", " ") + "\n")
-    except OSError:
-        log.error("could not write the damage marker beside %s", path)
-
-
-def _looks_corrupt(msg: str) -> bool:
-    m = msg.lower()
-    return ("malformed" in m or "not a database" in m or "file is encrypted" in m
-            or "corrupt" in m)
 
 
 class SQLitePageStore:
@@ -1084,31 +657,6 @@ class SQLitePageStore:
             conn.close()
 
 
-def _check_header(path: str) -> None:
-    """O(1) checks of a store file before SQLite opens it: the magic string,
-    and (when no WAL is pending) a file shorter than its header says, which
-    is what a truncated copy or a torn file-system write leaves."""
-    with open(path, "rb") as f:
-        head = f.read(100)
-        size = os.fstat(f.fileno()).st_size
-    if head[:16] != b"SQLite format 3\x00":
-        raise CorruptStoreError(path, "the file does not start with the SQLite header")
-    if len(head) < 100:
-        raise CorruptStoreError(path, f"the file is only {size} bytes long")
-    page = int.from_bytes(head[16:18], "big")
-    page = 65536 if page == 1 else page
-    n_pages = int.from_bytes(head[28:32], "big")
-    valid_for = int.from_bytes(head[92:96], "big")
-    change = int.from_bytes(head[24:28], "big")
-    wal = path + "-wal"
-    wal_pending = os.path.exists(wal) and os.path.getsize(wal) > 0
-    if page < 512 or page & (page - 1):
-        raise CorruptStoreError(path, f"the header names an impossible page size {page}")
-    if not wal_pending and valid_for == change and n_pages and size < n_pages * page:
-        raise CorruptStoreError(path, f"the file is {size} bytes but its header says "
-                                f"{n_pages} pages of {page} bytes (truncated)")
-
-
 #: Parameters per ``IN (...)`` statement: far below SQLite's limit on
 #: variables (999 before 3.32), large enough that a statement costs little.
 _IN_BATCH = 500
@@ -1121,15 +669,6 @@ def _batches(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
 
 def _marks(n: int) -> str:
     return ",".join("?" * n)
-
-
-def read_only_uri(path: str, immutable: bool = False) -> str:
-    """An SQLite URI that opens ``path`` read-only. The path is
-    percent-encoded: a ``#`` or ``?`` in a directory name would otherwise
-    end the path, and SQLite would open (and create) a different file."""
-    import pathlib
-    uri = pathlib.Path(os.path.abspath(path)).as_uri() + "?mode=ro"
-    return uri + "&immutable=1" if immutable else uri
 
 
 #: Most rows in one multi-row INSERT (see SQLitePageStore._insert_many).
@@ -1148,19 +687,3 @@ def _values_sql(head: str, width: int, rows: int) -> str:
     return sql
 
 
-def _norm_codec(name: str) -> str:
-    return "safe" if name in ("safe", "json") else name
-
-
-def _statements(sql: str) -> Iterator[str]:
-    buf = ""
-    for line in sql.splitlines(keepends=True):
-        if line.lstrip().startswith("--"):
-            continue
-        buf += line
-        if sqlite3.complete_statement(buf):
-            if buf.strip():
-                yield buf.strip()
-            buf = ""
-    if buf.strip():
-        raise RuntimeError(f"incomplete SQL statement in migration: {buf.strip()[:60]!r}")

@@ -1,0 +1,175 @@
+"""Settings, limits, shared sentinels and the argument checks of :class:`~durablekv.cache.Cache`.
+
+Pure functions with no state: each check raises the library error that names
+the bad value and the fix (see :mod:`durablekv.errors`). The facade calls
+them before it touches the disk, so a refused setting leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import time
+from numbers import Number
+from typing import Any
+
+from . import codec as _codec
+from .errors import ConfigError
+from .pages import PAGE_BYTES_LIMIT
+from .stores.pageformat import PAGE_SIZE_MAX
+
+
+_MISSING: Any = object()
+
+
+#: What :meth:`Cache._get_nowait` returns when only a waiting call can answer.
+NOWAIT_UNSURE: Any = object()
+
+
+_STR, _BYTES = {str}, {bytes}
+
+
+_REAL_MONOTONIC = (time.monotonic,)
+
+
+#: Smallest ``segment_bytes`` accepted.
+MIN_SEGMENT_BYTES = 1024
+
+
+_U32_PACK = struct.Struct("<I").pack
+
+
+_Frozen = _codec.Frozen
+
+
+_OPEN, _CLOSING, _CLOSED, _FAILED, _FORKED = "open", "closing", "closed", "failed", "forked"
+
+
+DURABILITY_MODES = ("fsync", "log", "none", "sync")
+
+
+#: Longest encoded key (bytes); keys live in the page blobs and the index.
+MAX_KEY_BYTES = 1 << 20
+
+
+#: Largest allowed max_value_bytes: one entry must fit in a page.
+MAX_VALUE_BYTES_LIMIT = PAGE_BYTES_LIMIT - MAX_KEY_BYTES - 4096
+
+
+#: ``max_value_bytes`` when not given: 64 MiB.
+DEFAULT_MAX_VALUE_BYTES = 64 << 20
+
+
+def _check_counter_args(op: str, delta: Any, default: Any) -> None:
+    """incr/decr arguments: ints only (a bool is not one), ``default`` may be None."""
+    if type(delta) is not int:
+        raise TypeError(f"{op}() delta must be an int, got {type(delta).__qualname__} "
+                        f"{delta!r}")
+    if default is not None and type(default) is not int:
+        raise TypeError(f"{op}() default must be an int or None, got "
+                        f"{type(default).__qualname__} {default!r}")
+
+
+def _key_too_long(kb: bytes) -> ValueError:
+    return ValueError(f"key is {len(kb)} bytes encoded, over the {MAX_KEY_BYTES}-byte "
+                      "limit on keys; use a shorter key (e.g. a hash of it)")
+
+
+def _tags_refused(what: str) -> TypeError:
+    return TypeError(
+        f"{what}: durablekv does not store tags with entries (diskcache's tag=/evict(tag)); "
+        "put the group in the key instead, e.g. cache[('user', 42)] = v, and remove a group "
+        "with: for k in cache: if k[0] == 'user': cache.delete(k) (a memoized function's "
+        "results: f.cache_clear())")
+
+
+def _check_expire(expire: Any) -> float | None:
+    """``expire`` as float seconds. Any real number is taken (int, float,
+    Decimal, Fraction, a NumPy scalar); bool and complex are not.
+
+    :raises TypeError: not a real number.
+    :raises ValueError: negative, NaN, infinite, or too big for a float."""
+    if expire is None:
+        return None
+    if type(expire) is not float and type(expire) is not int:
+        if isinstance(expire, (bool, complex)) or not isinstance(expire, Number):
+            raise TypeError(f"expire must be a number of seconds or None, got "
+                            f"{type(expire).__name__}")
+    try:
+        expire = float(expire)
+    except (OverflowError, TypeError, ValueError):
+        raise ValueError(f"expire must be a finite number of seconds >= 0 (or None for no "
+                         f"expiry), got a {type(expire).__name__} too big for a "
+                         "float") from None
+    if math.isnan(expire) or math.isinf(expire) or expire < 0:
+        raise ValueError(f"expire must be a finite number of seconds >= 0 (or None for no "
+                         f"expiry), got {expire!r}")
+    return expire
+
+
+def _check_clock(clock: Any) -> None:
+    """Call ``clock`` once (at open) and check what it returns.
+
+    The TTL hot path (:meth:`Cache._now`) does no checks of its own, so a
+    clock returning a str or None would fail later with a bare arithmetic
+    TypeError, and one returning NaN or infinity would make every entry
+    live for ever.
+
+    :raises ConfigError: ``clock`` is not callable, raises, or does not
+        return a finite int or float (a bool is not a number of seconds).
+    """
+    expected = ("a callable returning epoch seconds as a finite float, like time.time "
+                "(pass clock=time.time, or leave it out for time.time)")
+    if not callable(clock):
+        raise ConfigError(f"clock must be {expected}; got {clock!r}, which is not callable")
+    try:
+        now = clock()
+    except Exception as exc:
+        raise ConfigError(f"clock must be {expected}; calling {clock!r} raised "
+                          f"{exc!r}") from exc
+    if type(now) is bool or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise ConfigError(f"clock must be {expected}; {clock!r} returned {now!r} "
+                          f"({type(now).__name__})")
+
+
+def _check_timeout(timeout: Any) -> float:
+    """``flush(timeout=...)``'s argument as float seconds (None is handled by the caller)."""
+    if type(timeout) is bool or not isinstance(timeout, (int, float)):
+        raise TypeError(f"flush() timeout must be a number of seconds or None, got "
+                        f"{type(timeout).__name__}")
+    timeout = float(timeout)
+    if not 0 <= timeout < math.inf:  # (False for NaN)
+        raise ValueError(f"flush() timeout must be a finite number of seconds >= 0, got "
+                         f"{timeout!r}; pass None to wait until the flush succeeds or fails")
+    return timeout
+
+
+def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,
+                  max_value_bytes, on_corruption, max_pending_pages, busy_timeout,
+                  segment_bytes, salvage_log) -> None:
+    def need_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+        if type(value) is not int or value < lo or (hi is not None and value > hi):
+            rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+            raise ConfigError(f"{name} must be an integer {rng}, got {value!r}")
+
+    if page_size is not None:
+        need_int("page_size", page_size, 1, PAGE_SIZE_MAX)
+    need_int("max_pages", max_pages, 1)
+    need_int("flush_batch_pages", flush_batch_pages, 1)
+    need_int("max_value_bytes", max_value_bytes, 1, MAX_VALUE_BYTES_LIMIT)
+    if max_pending_pages is not None:
+        need_int("max_pending_pages", max_pending_pages, 1)
+    # a segment is sealed once it reaches this size: below a kilobyte that
+    # would be a file (and a directory fsync) every few records
+    need_int("segment_bytes", segment_bytes, MIN_SEGMENT_BYTES)
+    for nm, v in (("flush_interval", flush_interval), ("busy_timeout", busy_timeout)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
+            raise ConfigError(f"{nm} must be a positive number of seconds, got {v!r}")
+    if durability not in DURABILITY_MODES:
+        raise ConfigError(f"durability must be one of {DURABILITY_MODES}, got {durability!r}")
+    if on_corruption not in ("raise", "rebuild"):
+        raise ConfigError(f"on_corruption must be 'raise' or 'rebuild', got {on_corruption!r}")
+    # Like the integer settings above: the exact type, no truthiness (a
+    # salvage_log='no' must not give up log records).
+    if type(salvage_log) is not bool:
+        raise ConfigError(f"salvage_log must be True or False, got {salvage_log!r}")

@@ -1,0 +1,163 @@
+"""Page faults: find a key whose page is not in memory and make that page resident.
+
+:class:`PageFaults` (mixed into :class:`~durablekv.cache.Cache`): key filter
+-> key index (``store.find``) -> page read (``store.read_page``) -> decode ->
+``MemoryTier.install``. A stored page that disagrees with itself or with the
+memory tier marks the store damaged and raises
+:class:`~durablekv.errors.CorruptStoreError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import codec as _codec
+from .config import _U32_PACK
+from .errors import CorruptStoreError
+from .pages import Page
+from .stores.pageformat import ASCII_KEYS, INT_KEYS, RAW_BYTES, page_columns, split_page
+from .stores.sqlitefile import mark_damaged
+
+
+class PageFaults:
+    """Key index look-ups and page faults (see the module docstring)."""
+
+    def _locate(self, key: Any) -> tuple | list | None:
+        """Find a key whose page is not in memory: key index, then page fault;
+        return its page-table entry ``(page, slot, value)`` (see MemoryTier).
+
+        A key of a subclass (an ``IntEnum`` member, a namedtuple) is looked
+        up as the plain key it equals (:func:`~durablekv.codec.lookup_key`),
+        as the page table does for a resident page.
+
+        :raises TypeError: an unsupported key (from ``canonical_key``): every
+            answer but the look-aside one below comes after that check.
+        """
+        if self._absent is key:
+            # This very object was looked up a moment ago and not found, so it
+            # passed the key check; nothing has inserted it since (an insert
+            # clears this), so it cannot have reached the store: a look-aside
+            # miss + fill costs one index lookup, not two. (Identity, not
+            # equality: an equal key of an unsupported type, such as an
+            # IntEnum member inside a tuple, must still meet the check.)
+            return None
+        try:
+            ck = _codec.canonical_key(key)
+        except TypeError:
+            # A key a write refuses but that equals a storable one (an
+            # IntEnum member equals its int): found as the page table finds
+            # it for a resident page, so the answer never depends on
+            # residency. Anything else raises the TypeError.
+            plain = _codec.lookup_key(key)
+            if plain is key:
+                raise
+            ck = _codec.canonical_key(plain)
+        if self._clear_pending:
+            return None
+        if self._filter.ready and ck not in self._filter:
+            self._absent = key
+            return None
+        found = self._store.find(ck)
+        if found is None:
+            self._absent = key
+            return None
+        pid = found[0]
+        if pid in self._tier.pages:
+            return None  # its page is in memory and no longer holds it
+        self._fault_in(pid, None if found[1] is None else found[1:])
+        return self._tier.table.get(key)
+
+    def _fault_in(self, pid: int, row: tuple[int, bytes] | None = None) -> Page:
+        """Read page ``pid`` (or use ``row`` = (n, blob) already read) and make it resident."""
+        if row is None:
+            row = self._store.read_page(pid)
+        slots, keys, values, expires = self._decode_page(pid, row)
+        return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
+
+    def _check_disjoint(self, pid: int, keys: list[Any]) -> None:
+        """A stored page that is not in memory cannot hold a key the memory
+        tier holds: a key leaves a page only while that page is in memory,
+        and the page stays there until a flush has stored it without the key.
+
+        :raises CorruptStoreError: it does (the store is marked damaged).
+        """
+        table = self._tier.table
+        if not table.keys().isdisjoint(keys):
+            key = next(k for k in keys if k in table)
+            raise self._damaged(f"page {pid} holds key {key!r}, which lives in another page")
+
+    def _damaged(self, detail: str) -> CorruptStoreError:
+        """Mark the store damaged (``detail`` says how) and return the error
+        to raise: the next open refuses the store until it is repaired."""
+        mark_damaged(self._store.path, detail)
+        return CorruptStoreError(self._store.path, detail)
+
+    def _decode_page(self, pid: int, row: tuple[int, bytes] | None
+                     ) -> tuple[list[int], list[Any], list[Any], list[float | None]]:
+        """``(slots, keys, values, expires)`` of a stored page that is not in
+        memory (``row`` = ``(n_entries, blob)``, None when the key index named
+        a page the store lacks), values in their memory form.
+
+        :raises CorruptStoreError: the page is missing, cannot be decoded,
+            disagrees with itself, or holds a key the memory tier holds (see
+            :meth:`_check_disjoint`); the store is marked damaged.
+        """
+        if row is None:
+            raise self._damaged(f"the key index points at page {pid}, which is missing")
+        n, data = row
+        from_blob = self._codec.memory_form_from_blob
+        decode_key = _codec.decode_key
+        try:
+            if type(n) is not int or not 0 < n <= self.page_size:
+                # before anything is decoded: a blob of any size costs no more
+                raise ValueError(f"its row says {n!r} entries, not 1 to page_size "
+                                 f"{self.page_size}")
+            if data[:2] == b"\xff\xff":
+                slots, expires, flags, keys, values = page_columns(data)
+                if not flags & (ASCII_KEYS | INT_KEYS):
+                    keys = [decode_key(kb) for kb in keys]
+                if not flags & RAW_BYTES:
+                    values = [from_blob(vb) for vb in values]
+                elif type(self._codec) is not _codec.SafeCodec:
+                    # another codec's blobs that happen to look like bytes (the
+                    # safe codec holds a bytes value as itself)
+                    values = [from_blob(b"b" + _U32_PACK(len(vb)) + vb) for vb in values]
+            else:
+                slots, expires, kbs, vbs = split_page(data)
+                keys = [decode_key(kb) for kb in kbs]
+                values = [from_blob(vb) for vb in vbs]
+            count = len(slots)
+            if count != n:
+                raise ValueError(f"its row says {n} entries, its blob holds {count}")
+            if count and max(slots) >= self.page_size:
+                raise ValueError(f"slot {max(slots)} is past page_size {self.page_size}")
+            if len(set(slots)) != count:
+                raise ValueError("it lists a slot twice")
+            if len(set(keys)) != count:
+                raise ValueError("it holds a key twice")
+        except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
+            raise self._damaged(f"page {pid} cannot be decoded: {exc}") from exc
+        self._check_disjoint(pid, keys)
+        return slots, keys, values, expires
+
+    def _ref(self, key: Any, now_fn=None) -> tuple | list | None:
+        """The page-table entry ``(page, slot, value)`` of a live key, faulting
+        its page in; None when absent.
+
+        Expired entries found on the way are removed (lock held).
+        """
+        try:
+            ref = self._tier.table.get(key)
+        except TypeError:
+            _codec.check_key(key)  # the same TypeError as set() gives, naming the type
+            raise
+        if ref is None:
+            ref = self._locate(key)
+            if ref is None:
+                return None
+        page, slot, _ = ref
+        exp = page.expires[slot]
+        if exp is not None and self._now() >= exp:
+            self._expire(key)
+            return None
+        return ref

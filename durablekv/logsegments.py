@@ -1,0 +1,415 @@
+"""Replay log segments: the on-disk format, and reading and scanning one segment.
+
+Pure functions over bytes and file names, no state: :class:`~durablekv.replaylog.ReplayLog`
+appends and recovers through them, and ``durablekv check`` reads the same
+segments without opening a cache.
+
+On-disk format (all integers little-endian)
+-------------------------------------------
+
+The log is a series of segment files ``replay-<first LSN, 20 digits>.log`` in
+the cache directory. A segment starts with the 8-byte magic
+``b"DKVLOG1\\n"`` followed by records::
+
+    record  = header payload
+    header  = <IIQ  length u32 | crc u32 | lsn u64          (16 bytes)
+    payload = <BdI  op u8 | expire_at f64 (NaN: none) | key length u32   (13 bytes)
+              key bytes (durablekv.codec.encode_key)
+              value bytes (the value codec; empty for a delete or clear)
+
+``length`` is the payload's size; ``crc`` is CRC-32 (zlib) of the 12 bytes
+``length, lsn`` followed by the payload. Ops: 1 set, 2 delete, 3 clear.
+LSNs increase by exactly one from record to record across segments.
+
+Damage inside a segment is searched past (:func:`_next_intact_record`) for at
+most :data:`RESYNC_LIMIT` candidate offsets.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import zlib
+from operator import itemgetter
+from typing import NamedTuple
+
+__all__ = ["LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC", "HEADER", "PAYLOAD",
+           "encode_record", "list_segments", "read_segment", "scan_segment", "segment_name"]
+
+
+MAGIC = b"DKVLOG1\n"
+HEADER = struct.Struct("<IIQ")
+PAYLOAD = struct.Struct("<BdI")
+assert HEADER.size == 16 and PAYLOAD.size == 13
+_LEN_LSN = struct.Struct("<IQ")
+_HEADER_PACK, _PAYLOAD_PACK, _LEN_LSN_PACK = HEADER.pack, PAYLOAD.pack, _LEN_LSN.pack
+_crc32 = zlib.crc32
+_LSN_OF = itemgetter(0)
+OP_SET, OP_DELETE, OP_CLEAR = 1, 2, 3
+_NAN = float("nan")
+_MAX_RECORD = 1 << 31
+
+
+class LogRecord(NamedTuple):
+    """One parsed record. The parser itself builds plain tuples in this field
+    order (a tuple costs a fraction of a class instance, and recovery makes
+    millions); :func:`read_segment` hands out ``LogRecord`` instances."""
+
+    lsn: int
+    op: int
+    key: bytes
+    value: bytes
+    expire_at: float | None
+
+
+def segment_name(first_lsn: int) -> str:
+    return f"replay-{first_lsn:020d}.log"
+
+
+#: A segment's file name, exactly as :func:`segment_name` makes it.
+_SEGMENT_NAME = re.compile(r"replay-[0-9]{20}\.log")
+
+
+def list_segments(directory: str) -> list[str]:
+    """Paths of the log segments in ``directory``, oldest first.
+
+    Only names exactly of the form :func:`segment_name` makes
+    (``replay-<20 digits>.log``) are segments; any other file (a
+    ``replay-abc.log``, an editor's backup, a ``*.damaged`` file salvage
+    moved aside) is not, and recovery, ``durablekv check`` and salvage
+    leave it alone: it is never read, cut as a torn tail, or deleted.
+    """
+    names = sorted(n for n in os.listdir(directory) if _SEGMENT_NAME.fullmatch(n))
+    return [os.path.join(directory, n) for n in names]
+
+
+def encode_record(lsn: int, op: int, key: bytes, value: bytes, expire_at: float | None) -> bytes:
+    payload = PAYLOAD.pack(op, _NAN if expire_at is None else expire_at, len(key)) + key + value
+    n = len(payload)
+    crc = zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn)))
+    return HEADER.pack(n, crc, lsn) + payload
+
+
+def map_segment(path: str) -> bytes:
+    """A segment's bytes, memory-mapped (an ``mmap``, or ``b""`` for an empty
+    file): a scan of a huge or sparse segment reads it through the page cache
+    instead of copying it all into memory first. Release with :func:`unmap_segment`."""
+    with open(path, "rb") as f:
+        if not os.fstat(f.fileno()).st_size:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # type: ignore[return-value]
+
+
+def unmap_segment(data: bytes) -> None:
+    if isinstance(data, mmap.mmap):
+        data.close()
+
+
+class _Damage(Exception):
+    def __init__(self, offset: int, detail: str) -> None:
+        self.offset = offset
+        self.detail = detail
+
+
+def read_segment(path: str) -> tuple[list[LogRecord], int, _Damage | None, int]:
+    """Parse one segment: ``(records, good_end_offset, damage_or_None, file_size)``.
+
+    ``damage`` describes the first bad record; ``good_end_offset`` is where it
+    starts (everything before it is valid).
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    records, good_end, damage = _parse_segment(data)
+    return list(map(LogRecord._make, records)), good_end, damage, len(data)
+
+
+def _parse_segment(data: bytes, pos: int | None = None
+                   ) -> tuple[list[tuple], int, _Damage | None]:
+    """Parse records from ``pos`` (default: after the magic) to the first damage.
+
+    Records come back as plain ``(lsn, op, key, value, expire_at)`` tuples
+    (:class:`LogRecord`'s field order). This loop is most of the cost of
+    recovery, so it does the least per record:
+
+    * The CRC input (length, LSN, payload) is the record's bytes from offset
+      8 on, seeded with the CRC of the 4 length bytes (one value per
+      distinct length, kept in a dict): one ``zlib.crc32`` call a record.
+    * Logs mostly hold runs of records of one shape (same length, same key
+      length). Once two records in a row share a shape, the rest of the run
+      is read with one precompiled struct per record (header, payload
+      fields, key and value in one C call). A record is taken there only if
+      it has that exact shape, a good CRC and a valid op, so it is one the
+      general path would take, with the same result; anything else leaves
+      the run and goes through the general path, which finds the damage.
+    """
+    size = len(data)
+    if pos is None:
+        if size < len(MAGIC):
+            if data[:size] == MAGIC[:size]:
+                return [], 0, (_Damage(0, "segment header cut short") if size else None)
+            return [], 0, _Damage(0, "not a durablekv log segment (bad magic)")
+        if data[:len(MAGIC)] != MAGIC:
+            return [], 0, _Damage(0, "not a durablekv log segment (bad magic)")
+        pos = len(MAGIC)
+    records: list[tuple] = []
+    append = records.append
+    unpack_header, unpack_payload = HEADER.unpack_from, PAYLOAD.unpack_from
+    crc32 = _crc32
+    seeds: dict[int, int] = {}
+    shapes: dict[tuple[int, int], object] = {}
+    hsize, psize = HEADER.size, PAYLOAD.size
+    key_at = hsize + psize
+    last_n = last_klen = -1
+    while pos < size:
+        if pos + hsize > size:
+            return records, pos, _Damage(pos, "record header cut short")
+        n, crc, lsn = unpack_header(data, pos)
+        if n < psize or n > _MAX_RECORD:
+            return records, pos, _Damage(pos, f"impossible record length {n}")
+        end = pos + hsize + n
+        if end > size:
+            return records, pos, _Damage(pos, f"record of {n} bytes cut short at end of file")
+        seed = seeds.get(n)
+        if seed is None:
+            seed = seeds[n] = crc32(n.to_bytes(4, "little"))
+        # header = length (4) | crc (4) | lsn (8): bytes 8.. are the LSN, then the payload
+        if crc32(data[pos + 8:end], seed) != crc:
+            return records, pos, _Damage(pos, f"CRC mismatch in record LSN {lsn}")
+        op, exp, klen = unpack_payload(data, pos + hsize)
+        if not 0 < op < 4 or psize + klen > n:  # ops 1, 2, 3
+            return records, pos, _Damage(pos, f"malformed record LSN {lsn}")
+        k = pos + key_at + klen
+        append((lsn, op, data[pos + key_at:k], data[k:end], None if exp != exp else exp))
+        pos = end
+        if n != last_n or klen != last_klen:
+            last_n, last_klen = n, klen
+            continue
+        # A run of records of one shape: the rest of it, one struct call each.
+        unpack = shapes.get((n, klen))
+        if unpack is None:
+            if len(shapes) >= 64:
+                shapes.clear()
+            unpack = shapes[n, klen] = struct.Struct(
+                f"<IIQBdI{klen}s{n - psize - klen}s").unpack_from
+        rsize = hsize + n
+        end = pos + rsize
+        while end <= size:
+            length, crc, lsn, op, exp, key_len, key, value = unpack(data, pos)
+            if length != n or key_len != klen or not 0 < op < 4 or \
+                    crc32(data[pos + 8:end], seed) != crc:
+                break
+            append((lsn, op, key, value, None if exp != exp else exp))
+            pos = end
+            end += rsize
+    return records, pos, None
+
+
+def _record_offset(records: list[tuple], runs: list[tuple[int, int]], index: int) -> int:
+    """Byte offset in its segment of ``records[index]``, parsed in ``runs``
+    of ``(offset, count)`` contiguous records (damage stepped over between runs)."""
+    start = 0
+    for offset, count in runs:
+        if index < start + count:
+            fixed = HEADER.size + PAYLOAD.size
+            return offset + sum(fixed + len(r[2]) + len(r[3]) for r in records[start:index])
+        start += count
+    raise IndexError(index)
+
+
+def locate_record(directory: str, lsn: int) -> tuple[str, int]:
+    """``(segment path, byte offset)`` of the record ``lsn`` in the log in
+    ``directory`` (for error messages), or the directory and 0 when no
+    segment holds it."""
+    for path in reversed(list_segments(directory)):
+        if _first_lsn_of(path) > lsn:
+            continue
+        data = map_segment(path)
+        try:
+            pos = len(MAGIC)
+            while pos + HEADER.size <= len(data):
+                n, _crc, at = HEADER.unpack_from(data, pos)
+                if at == lsn:
+                    return path, pos
+                pos += HEADER.size + n
+        finally:
+            unmap_segment(data)
+    return directory, 0
+
+
+def _first_lsn_of(path: str) -> int:
+    """The first LSN a segment was opened for, from its name."""
+    name = os.path.basename(path)
+    try:
+        return int(name[len("replay-"):-len(".log")])
+    except ValueError:
+        return 0
+
+
+class SegmentScan(NamedTuple):
+    """What :func:`scan_segment` found in one segment.
+
+    :ivar records: the intact records, as plain ``(lsn, op, key, value,
+        expire_at)`` tuples, in file order.
+    :ivar runs: ``(offset, count)`` of each run of contiguous records parsed
+        (a run ends at damage that was stepped over).
+    :ivar stepped_over: ``(damage, resume_offset, why)`` for each damage
+        stepped over because it can hide no record after ``after_lsn`` (see
+        :func:`scan_segment`); ``resume_offset`` is the next intact record,
+        or None when the damage runs to the end of the file (the next
+        segment continues the log); ``why`` says why nothing is lost.
+    :ivar damage: the first damage not stepped over, or None; parsing
+        stopped there.
+    :ivar good_end: where ``damage`` starts (the file size when None).
+    :ivar intact_after: an intact record lies behind ``damage``.
+    """
+
+    records: list[tuple]
+    runs: list[tuple[int, int]]
+    stepped_over: list[tuple[_Damage, int | None, str]]
+    damage: _Damage | None
+    good_end: int
+    intact_after: bool
+
+
+def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
+                 first_lsn: int | None = None) -> SegmentScan:
+    """Parse a segment's bytes as recovery does, given the checkpoint ``after_lsn``.
+
+    ``next_segment`` is the path of the segment after this one (None for the
+    last); ``first_lsn`` is the LSN this segment was opened for (from its
+    name, :func:`segment_name`). Damage is stepped over when it can hide no
+    record the store lacks: the first record behind it (the next intact
+    record in this file, else the first of the next segment) has an LSN at
+    or below ``after_lsn + 1``, or exactly one more than the record before
+    the damage (``first_lsn`` when the damage comes before any record, as
+    in a damaged segment header), so no record fits in between. Parsing
+    stops at any other damage.
+
+    Damage in the LAST segment with no intact record behind it is a torn
+    write from a crash (``intact_after`` False): a crash can only damage the
+    end of the log (the record being appended is cut short, or after a power
+    loss on some file systems the tail is zero-filled or holds garbage). An
+    intact record behind the damage means the middle of the log is corrupt,
+    and dropping the tail would drop acknowledged writes.
+    """
+    records: list[tuple] = []
+    runs: list[tuple[int, int]] = []
+    stepped: list[tuple[_Damage, int | None, str]] = []
+    pos: int | None = None
+
+    def hides_nothing(lsn_behind: int) -> str | None:
+        if lsn_behind <= after_lsn + 1:
+            return "the records there are already in the store"
+        before = records[-1][0] if records else first_lsn and first_lsn - 1
+        if before and lsn_behind == before + 1:
+            return f"it holds no record: LSN {lsn_behind} follows {before}"
+        return None
+
+    while True:
+        recs, good_end, damage = _parse_segment(data, pos)
+        runs.append((len(MAGIC) if pos is None else pos, len(recs)))
+        records += recs
+        if damage is None:
+            return SegmentScan(records, runs, stepped, None, good_end, False)
+        try:
+            nxt = _next_intact_record(data, damage.offset + 1)
+        except _ResyncGaveUp as gave_up:
+            # Whether intact records lie behind is not known: not a torn
+            # tail to cut, but damage to refuse (salvage keeps the prefix).
+            damage.detail += (f"; no intact record found in the {gave_up.stop - gave_up.start} "
+                              f"bytes after it that are not zero-filled (the search stops "
+                              f"after {RESYNC_LIMIT} offsets), the {len(data) - gave_up.stop} "
+                              "bytes from there on were not searched")
+            return SegmentScan(records, runs, stepped, damage, good_end, True)
+        if nxt is not None:
+            why = hides_nothing(HEADER.unpack_from(data, nxt)[2])
+            if why:
+                stepped.append((damage, nxt, why))
+                pos = nxt
+                continue
+        elif next_segment is not None:
+            why = hides_nothing(_first_lsn_of(next_segment))
+            if why:
+                stepped.append((damage, None, why))
+                return SegmentScan(records, runs, stepped, None, len(data), False)
+        return SegmentScan(records, runs, stepped, damage, good_end, nxt is not None)
+
+
+def scan_segment_file(path: str, after_lsn: int,
+                      next_segment: str | None) -> tuple[SegmentScan, int]:
+    """:func:`scan_segment` of the segment file ``path`` (memory-mapped, see
+    :func:`map_segment`): ``(scan, file size)``."""
+    data = map_segment(path)
+    try:
+        return scan_segment(data, after_lsn, next_segment, _first_lsn_of(path)), len(data)
+    finally:
+        unmap_segment(data)
+
+
+def start_gap_detail(checkpoint: int, first: int) -> str:
+    """Why a log whose first record after the store's checkpoint is LSN
+    ``first`` (not ``checkpoint + 1``) cannot be replayed."""
+    return (f"the store's checkpoint is LSN {checkpoint} but the log continues at LSN {first}: "
+            f"records {checkpoint + 1} to {first - 1}, acknowledged but never stored, are "
+            "missing; pages.sqlite3 is older than the log (put back from a backup, or its "
+            "-wal file deleted) or was replaced")
+
+
+#: Most candidate offsets (bytes that are not part of a zero-filled run) a
+#: resync search after damage tries before it gives up: bounds the time a
+#: segment full of garbage can cost (about a second) while a damaged record
+#: or a torn region of a few MiB in front of intact records is still stepped over.
+RESYNC_LIMIT = 4 << 20
+_NONZERO = re.compile(rb"[^\x00]")
+#: Candidate offsets tried by resync searches in this process (tests read it
+#: to bound the work a damaged tail costs).
+resync_probes = 0
+
+
+class _ResyncGaveUp(Exception):
+    """The resync search tried :data:`RESYNC_LIMIT` offsets and found nothing."""
+
+    def __init__(self, start: int, stop: int) -> None:
+        self.start, self.stop = start, stop
+
+
+def _next_intact_record(data: bytes, start: int) -> int | None:
+    """Offset of the first record at or after ``start`` whose CRC checks out.
+
+    Zero-filled runs (what a crash or power loss leaves at the end of a file,
+    and what a sparse file reads as) are skipped in C, a block at a time: a
+    record's length field is at least 13, so a record cannot start where
+    four zero bytes do.
+
+    :raises _ResyncGaveUp: :data:`RESYNC_LIMIT` other offsets were tried.
+    """
+    global resync_probes
+    hsize, psize = HEADER.size, PAYLOAD.size
+    size = len(data)
+    unpack = HEADER.unpack_from
+    search = _NONZERO.search
+    stop = size - hsize - psize + 1
+    pos = start
+    probes = 0
+    try:
+        while pos < stop:
+            if not data[pos] and data[pos:pos + 4] == b"\0\0\0\0":
+                m = search(data, pos + 4)
+                if m is None:
+                    return None
+                pos = max(pos + 1, m.start() - 3)
+                continue
+            probes += 1
+            if probes > RESYNC_LIMIT:
+                raise _ResyncGaveUp(start, pos)
+            n, crc, lsn = unpack(data, pos)
+            if psize <= n and pos + hsize + n <= size:
+                payload = data[pos + hsize:pos + hsize + n]
+                if zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn))) == crc:
+                    return pos
+            pos += 1
+        return None
+    finally:
+        resync_probes += probes

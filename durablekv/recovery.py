@@ -1,0 +1,279 @@
+"""Recovery: the replay log's suffix (records after the store's checkpoint) -> the memory tier.
+
+:class:`Recovery` is mixed into :class:`~durablekv.cache.Cache` and runs once,
+inside ``Cache._open``, before any other call. It uses the host's memory tier
+(``_tier``), store (``_store``: ``find_many``/``read_pages``), key filter
+(``_filter_reserve``), page decoding (``_decode_page``) and back-pressure
+(``_backpressure``); the result is what applying the records one at a time
+through set/delete would give, at one step per key.
+
+Why a mixin and not a separate object: replay writes the same counters and
+page table as the hot path, under the same lock; passing them to another
+object would add an attribute hop to every get/set that reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import operator
+from itertools import count
+from typing import Any, Iterator
+
+from . import codec as _codec
+from .config import _MISSING, _REAL_MONOTONIC
+from .errors import LogCorruptionError
+from .pages import RESIDENT
+from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, locate_record
+
+
+# fields of a recovered log record (lsn, op, key, value, expire_at)
+_OP_OF, _KEY_OF, _VALUE_OF, _EXPIRE_OF = (operator.itemgetter(i) for i in range(1, 5))
+
+
+#: Pages read from the store per statement when recovery faults pages in.
+_FAULT_BATCH = 256
+
+
+def _count_of(counter: count) -> int:
+    """The next value ``counter`` (an ``itertools.count``, step 1) will give:
+    its repr is ``count(N)``."""
+    return int(repr(counter)[6:-1])
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a bulk build (Mercurial's
+    ``util.nogc`` does the same for its big dicts).
+
+    Recovery makes millions of page-table entries, and every container made
+    counts towards the collector's thresholds, so the collector would walk
+    the growing table over and over (measured: two thirds of the time of
+    building it). Reference counting still frees whatever is not in a cycle;
+    cyclic garbage made meanwhile (by any thread) waits for the pause to end.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class Recovery:
+    """Bulk replay of recovered log records (see the module docstring)."""
+
+    def _replay(self, records: list[tuple]) -> None:
+        """Apply recovered log records in bulk (at open, before any other call).
+
+        :param records: ``(lsn, op, key, value, expire_at)`` tuples, every
+            record after the store's checkpoint, in LSN order.
+
+        The outcome is what applying them one at a time through set and
+        delete would give (values, expiry, counts, which key object is kept
+        for equal keys such as ``1`` and ``1.0``), but each key costs one step:
+        a clear discards everything before it; only each key's last record
+        matters; keys that may be in the store are looked up in batches and
+        their pages faulted in once; new keys fill fresh pages a page at a
+        time. Every page changed is dirty since the first LSN replayed.
+
+        The last LSN moves to the last record only at the end: while
+        back-pressure waits for the batcher (the log holds more than memory),
+        a flush may store a mix of old and new states, but its checkpoint
+        stays where it was, so a crash replays all of it again.
+        """
+        with self._lock, _gc_paused():
+            lsn, last_lsn = records[0][0], records[-1][0]
+            now = _REAL_MONOTONIC[0]()
+            ops = list(map(_OP_OF, records))
+            if OP_CLEAR in ops:
+                at = len(ops) - 1 - ops[::-1].index(OP_CLEAR)
+                self._apply_clear(records[at][0])
+                records, ops = records[at + 1:], ops[at + 1:]
+            if records:
+                self._replay_keys(records, OP_DELETE in ops, lsn, now)
+            self._last_lsn = last_lsn
+            self._absent = _MISSING
+            if len(self._tier.dirty) >= self.flush_batch_pages:
+                self._batcher.kick()
+
+    def _undecodable_record(self, records: list[tuple], exc: Exception) -> LogCorruptionError:
+        """The :class:`LogCorruptionError` for the first of ``records`` whose
+        key or value cannot be decoded (``exc``: what replaying them raised)."""
+        for lsn, op, kb, vb, _exp in records:
+            try:
+                _codec.decode_key(kb)
+                if op == OP_SET:
+                    self._codec.decode(vb)
+            except (ValueError, TypeError, IndexError) as bad:
+                path, offset = locate_record(self.path, lsn)
+                return LogCorruptionError(path, offset, f"record LSN {lsn} has a CRC that "
+                                          f"checks out but cannot be decoded: {bad}")
+        path, offset = locate_record(self.path, records[0][0])
+        return LogCorruptionError(path, offset, f"the records from LSN {records[0][0]} cannot "
+                                  f"be replayed: {exc}")
+
+    def _replay_keys(self, records: list[tuple], has_deletes: bool, lsn: int,
+                     now: float) -> None:
+        """:meth:`_replay` for records with no clear among them (lock held)."""
+        # The last record of each key, by its logged bytes, in LSN order.
+        final = dict(zip(map(_KEY_OF, records), records))
+        recs = list(final.values())
+        if len(recs) < len(records):
+            recs.sort()  # by LSN: the order one-by-one replay leaves the LRU in
+        kbs = list(map(_KEY_OF, recs))
+        keys, others = _codec.decode_keys(kbs)
+        # A key whose last set follows a delete is stored anew (a new key
+        # object), not updated in place.
+        fresh: set[int] = set()
+        if has_deletes:
+            deleted = {r[2] for r in records if r[1] == OP_DELETE}
+            fresh = {i for i, kb in enumerate(kbs) if kb in deleted}
+        cks = kbs  # a str or bytes key's encoding is its canonical key
+        if others:
+            recs, keys, cks, fresh = self._merge_equal_keys(records, recs, keys, kbs, others,
+                                                            fresh)
+        # Which keys are in the store now (memory holds nothing yet).
+        if self._clear_pending or (self._filter.ready and self._filter.added == 0):
+            located: dict[bytes, int] = {}  # a new or cleared store: nothing is
+        elif self._filter.ready:
+            f = self._filter
+            located = self._store.locate_keys([ck for ck in cks if ck in f])
+        else:
+            located = self._store.locate_keys(cks)
+        if located:
+            new: list[int] = []
+            by_page: dict[int, list[int]] = {}
+            for i, ck in enumerate(cks):
+                pid = located.get(ck)
+                if pid is None:
+                    new.append(i)
+                else:
+                    by_page.setdefault(pid, []).append(i)
+            self._replay_into_pages(by_page, recs, keys, fresh, new, lsn, now)
+            new.sort()
+        else:
+            new = list(range(len(recs)))
+        if has_deletes:  # a delete of a key that is nowhere does nothing
+            new = [i for i in new if recs[i][1] == OP_SET]
+        if len(new) < len(recs):
+            recs = [recs[i] for i in new]
+            keys = [keys[i] for i in new]
+        self._insert_new_keys(recs, keys, lsn, now)
+
+    def _merge_equal_keys(self, records, recs, keys, kbs, others, fresh):
+        """Merge the final records of keys that are equal but were logged as
+        different bytes (``1``, ``1.0``, ``True``): the latest record wins;
+        the key object kept is the one a one-by-one replay keeps (the first
+        set after the last delete). Returns ``(recs, keys, cks, fresh)``."""
+        cks = list(kbs)
+        groups: dict[bytes, list[int]] = {}
+        for i in others:
+            cks[i] = ck = _codec.canonical_key(keys[i])
+            groups.setdefault(ck, []).append(i)
+        merged = [g for g in groups.values() if len(g) > 1]
+        if not merged:
+            return recs, keys, cks, fresh
+        group_of = {kbs[i]: n for n, g in enumerate(merged) for i in g}
+        first_set: list[bytes | None] = [None] * len(merged)
+        had_delete = [False] * len(merged)
+        for _lsn, op, kb, _vb, _e in records:
+            n = group_of.get(kb)
+            if n is None:
+                continue
+            if op == OP_DELETE:
+                first_set[n] = None
+                had_delete[n] = True
+            elif first_set[n] is None:
+                first_set[n] = kb
+        dropped: set[int] = set()
+        for n, g in enumerate(merged):
+            last = g[-1]  # recs are in LSN order: the group's latest record
+            dropped.update(g[:-1])
+            if first_set[n] is not None:
+                keys[last] = _codec.decode_key(first_set[n])
+                # the entry's size counts the encoding of the key object kept
+                lsn_, op, _kb, vb, expire_at = recs[last]
+                recs[last] = (lsn_, op, first_set[n], vb, expire_at)
+            if had_delete[n]:
+                fresh.add(last)
+            else:
+                fresh.discard(last)
+        keep = [i for i in range(len(recs)) if i not in dropped]
+        renumber = {old: new for new, old in enumerate(keep)}
+        return ([recs[i] for i in keep], [keys[i] for i in keep], [cks[i] for i in keep],
+                {renumber[i] for i in fresh if i in renumber})
+
+    def _replay_into_pages(self, by_page: dict[int, list[int]], recs: list[tuple],
+                           keys: list[Any], fresh: set[int], new: list[int], lsn: int,
+                           now: float) -> None:
+        """Apply final records to keys the store holds: fault each page in once
+        and update or remove its keys. Keys to insert anew are appended to
+        ``new`` (lock held; back-pressure between pages)."""
+        tier = self._tier
+        table = tier.table
+        from_blob = self._codec.memory_form_from_blob
+        pids = list(by_page)
+        for c in range(0, len(pids), _FAULT_BATCH):
+            chunk = pids[c:c + _FAULT_BATCH]
+            rows = self._store.read_pages([p for p in chunk if p not in tier.pages])
+            for pid in chunk:
+                if tier.pending >= self.max_pending_pages:
+                    self._backpressure()
+                if pid not in tier.pages:  # (a page in memory is authoritative)
+                    self._fault_in(pid, rows.get(pid))
+                for i in by_page[pid]:
+                    key = keys[i]
+                    ref = table.get(key)
+                    if ref is None:
+                        new.append(i)  # no longer on the page the index names
+                        continue
+                    page, slot, _ = ref
+                    _lsn, op, kb, vb, expire_at = recs[i]
+                    old = page.expires[slot]
+                    nbytes = len(kb) + len(vb)
+                    if op == OP_SET and i not in fresh and tier.fits(page, nbytes):
+                        tier.update(page, slot, from_blob(vb), expire_at, now, lsn, nbytes)
+                        self._ttl_count += (expire_at is not None) - (old is not None)
+                        if page.state == RESIDENT:
+                            tier.touch(page)
+                        else:
+                            tier.fault_pending(page)
+                        continue
+                    if op == OP_SET:
+                        if i not in fresh:
+                            # the page would outgrow PAGE_BYTES_LIMIT: move the
+                            # entry, keeping the key object first stored (and
+                            # counting its encoding in the entry's size)
+                            keys[i] = page.keys[slot]
+                            recs[i] = (_lsn, op, _codec.encode_key(keys[i]), vb, expire_at)
+                        new.append(i)
+                    tier.remove(key, now, lsn)
+                    self._count -= 1
+                    if old is not None:
+                        self._ttl_count -= 1
+
+    def _insert_new_keys(self, recs: list[tuple], keys: list[Any], lsn: int,
+                         now: float) -> None:
+        """Insert keys that are nowhere yet with their final sets (lock held;
+        back-pressure between batches of pages). They enter the key filter
+        when a flush stores them (:meth:`flush_done`), not here."""
+        if not recs:
+            return
+        tier = self._tier
+        held = self._codec.memory_forms_from_blobs(map(_VALUE_OF, recs))
+        expires = list(map(_EXPIRE_OF, recs))
+        nbytes = list(map(operator.add, map(len, map(_KEY_OF, recs)),
+                          map(len, map(_VALUE_OF, recs))))
+        self._filter_reserve(len(keys))
+        pos = 0
+        while pos < len(keys):
+            room = self.max_pending_pages - tier.pending
+            if room <= 0:
+                self._backpressure()
+                continue
+            end = tier.insert_many(keys, held, expires, nbytes, now, lsn, pos, room)
+            self._count += end - pos
+            self._ttl_count += end - pos - expires[pos:end].count(None)
+            pos = end
