@@ -4,7 +4,8 @@
     20% of the unique keys of the replayed requests) for page sizes 1, 4, 16,
     64 (durablekv's page-LRU, :func:`bench.sim.page_lru`, checked against
     durablekv itself by the macro case), with the entry-level LRU (an
-    OrderedDict) and Belady's OPT (:func:`bench.sim.opt`).
+    OrderedDict), entry-level W-TinyLFU, ``policy="tinylfu"`` per page
+    size (dotted, :func:`bench.sim.page_tinylfu`) and Belady's OPT (:func:`bench.sim.opt`).
 ``throughput_micro.png``   operations/s per implementation: get hit, set,
     90/10 mix (100-byte values), from the micro results.
 ``throughput_replay.png``  requests/s of the look-aside replays with the
@@ -40,7 +41,8 @@ def hit_ratio_curves(cfg: Settings) -> dict[str, Any]:
             continue
         t0 = time.perf_counter()
         req = sim.load(path, cfg.plot_prefix)
-        c = sim.curves(req, cfg.plot_fractions, cfg.plot_page_sizes)
+        c = sim.curves(req, cfg.plot_fractions, cfg.plot_page_sizes,
+                       getattr(cfg, "plot_rehome", ()))
         c.update(requests=len(req.ops), gets=req.gets, unique_keys=req.unique,
                  whole_trace=req.whole)
         if cfg.plot_page_sizes and 1 in cfg.plot_page_sizes:
@@ -72,10 +74,22 @@ def draw(results: dict[str, Any], curves: dict[str, Any], out_dir: str) -> list[
         xs = [100 * f for f in c["fractions"]]
         ax.plot(xs, c["opt"], "k--", label="OPT (Belady)", linewidth=1.5)
         ax.plot(xs, c["lru"], color="0.55", linewidth=4, alpha=0.6, label="LRU (OrderedDict)")
+        if c.get("tinylfu"):
+            ax.plot(xs, c["tinylfu"], color="tab:red", linewidth=3, alpha=0.5,
+                    label="W-TinyLFU (entries)")
         markers = "osd^v<>"
         for i, (ps, ys) in enumerate(c["page_lru"].items()):
-            ax.plot(xs, ys, marker=markers[i % len(markers)], linewidth=1.2,
-                    label=f"durablekv page_size={ps}")
+            line, = ax.plot(xs, ys, marker=markers[i % len(markers)], linewidth=1.2,
+                            label=f"durablekv page_size={ps} lru")
+            tl = c.get("page_tinylfu", {}).get(ps)
+            if tl:
+                ax.plot(xs, tl, marker=markers[i % len(markers)], linestyle=":",
+                        color=line.get_color(), linewidth=1.2,
+                        label=f"durablekv page_size={ps} tinylfu")
+        for ps, ys in c.get("page_rehome", {}).items():
+            if ys:
+                ax.plot(xs, ys, marker="x", linestyle="-.", linewidth=1.0,
+                        label=f"page_size={ps} lru + re-homing (simulated)")
         ax.set_xscale("log")
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{x:g}%" for x in xs])

@@ -97,45 +97,66 @@ def page_lru(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
 
     Returns ``memory_hits``, ``store_hits``, ``misses`` (gets) and ``page_faults``.
     """
+    return _pages(req, page_size, _PageLRU(max_pages), "page_lru")
+
+
+class _PageLRU:
+    """LRU of page ids (an OrderedDict), with :class:`_WTinyLFU`'s interface."""
+
+    def __init__(self, max_pages: int) -> None:
+        self.max_pages = max_pages
+        self.od: OrderedDict[int, None] = OrderedDict()
+
+    def access(self, p: int) -> bool:
+        if p in self.od:
+            self.od.move_to_end(p)
+            return True
+        return False
+
+    def admit(self, p: int) -> list[int]:
+        od = self.od
+        od[p] = None
+        out = []
+        while len(od) > self.max_pages:
+            out.append(od.popitem(False)[0])
+        return out
+
+    def born(self, p: int) -> None:
+        """A new page is made for the open page's successor."""
+
+
+def _pages(req: Requests, page_size: int, pol: Any, name: str) -> dict[str, int]:
+    """The memory tier's page loop under the policy ``pol`` (access / admit / born)."""
     if DELETE in req.ops:
-        raise ValueError("page_lru does not model deletes (the free list)")
+        raise ValueError(f"{name} does not model deletes (the free list)")
+    access, admit = pol.access, pol.admit
     page_of: dict[Any, int] = {}
-    resident: OrderedDict[int, None] = OrderedDict()
-    move, popfirst = resident.move_to_end, resident.popitem
-    open_page = -1
-    open_used = page_size
-    next_id = 0
+    open_page, open_used, next_id = -1, page_size, 0
     mem = store = miss = faults = 0
     for op, k in zip(req.ops, req.keys):
         p = page_of.get(k)
         if p is not None:
-            if p in resident:
-                move(p)
+            if access(p):
                 if op == GET:
                     mem += 1
                 continue
             faults += 1
             if op == GET:
                 store += 1
-            resident[p] = None          # fault the page back in, at the MRU end
-            while len(resident) > max_pages:
-                victim = popfirst(False)[0]
-                if victim == open_page:
-                    open_page, open_used = -1, page_size
+            if open_page in admit(p):   # fault the page back in, at the MRU end
+                open_page, open_used = -1, page_size
             continue
         if op == GET:
             miss += 1                   # look-aside: a miss is followed by a set
         if open_used >= page_size:      # the open page is full (or was evicted)
             open_page, open_used = next_id, 0
             next_id += 1
-            resident[open_page] = None
-            while len(resident) > max_pages:
-                victim = popfirst(False)[0]
-                if victim == open_page:  # pragma: no cover - cannot be the MRU page
-                    open_page = -1
+            pol.born(open_page)
+            admit(open_page)   # the new page is the MRU (window's MRU): never the one out
+        else:
+            access(open_page)
         page_of[k] = open_page
         open_used += 1
-        move(open_page)
     return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults}
 
 
@@ -179,17 +200,190 @@ def opt(req: Requests, slots: int) -> int:
     return hits
 
 
-def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int]) -> dict[str, Any]:
-    """Hit ratios for the plot: LRU, OPT and durablekv's memory tier per page size."""
+def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int],
+           rehome: Sequence[int] = ()) -> dict[str, Any]:
+    """Hit ratios for the plots and docs/policy.md: entry-level LRU, W-TinyLFU
+    and OPT, and durablekv's memory tier per page size under ``policy="lru"``
+    (``page_lru``) and ``policy="tinylfu"`` (``page_tinylfu``); for the page
+    sizes in ``rehome`` also page-LRU with re-homing (``page_rehome``)."""
     out: dict[str, Any] = {"fractions": list(fractions), "slots": [], "lru": [], "opt": [],
-                           "page_lru": {str(ps): [] for ps in page_sizes}}
+                           "tinylfu": [],
+                           "page_lru": {str(ps): [] for ps in page_sizes},
+                           "page_tinylfu": {str(ps): [] for ps in page_sizes},
+                           "page_rehome": {str(ps): [] for ps in rehome}}
     gets = max(req.gets, 1)
     for f in fractions:
         slots = slots_for(req, f)
         out["slots"].append(slots)
         out["lru"].append(lru(req, slots) / gets)
         out["opt"].append(opt(req, slots) / gets)
+        out["tinylfu"].append(tinylfu(req, slots) / gets)
         for ps in page_sizes:
-            r = page_lru(req, ps, -(-slots // ps))
-            out["page_lru"][str(ps)].append(r["memory_hits"] / gets)
+            pages = -(-slots // ps)
+            out["page_lru"][str(ps)].append(page_lru(req, ps, pages)["memory_hits"] / gets)
+            out["page_tinylfu"][str(ps)].append(
+                page_tinylfu(req, ps, pages)["memory_hits"] / gets)
+        for ps in rehome:
+            out["page_rehome"][str(ps)].append(
+                page_rehome(req, ps, -(-slots // ps))["memory_hits"] / gets)
     return out
+
+class _WTinyLFU:
+    """W-TinyLFU over hashable items (keys or page ids), OrderedDict segments,
+    the same policy as :class:`durablekv.policy` describes and the memory
+    tier's ``policy="tinylfu"`` runs."""
+
+    def __init__(self, capacity: int) -> None:
+        from durablekv.policy import FrequencySketch, WindowClimber
+        self.cap = capacity
+        self.climber = WindowClimber(capacity)
+        self.wcap, self.pcap = self.climber.caps()
+        self.misses = 0
+        self.window: OrderedDict[Any, None] = OrderedDict()
+        self.probation: OrderedDict[Any, None] = OrderedDict()
+        self.protected: OrderedDict[Any, None] = OrderedDict()
+        self.sketch = FrequencySketch(capacity)
+
+    def access(self, x: Any) -> bool:
+        """Count an access to ``x``; True (and recency updated) if resident."""
+        self.sketch.increment(x)
+        if x in self.window:
+            self.window.move_to_end(x)
+        elif x in self.protected:
+            self.protected.move_to_end(x)
+        elif x in self.probation:
+            del self.probation[x]
+            self.protected[x] = None
+            if len(self.protected) > self.pcap:
+                self.probation[self.protected.popitem(False)[0]] = None
+        else:
+            return False
+        return True
+
+    def born(self, p: Any) -> None:
+        """A new page: its first insert counts as an access."""
+        self.sketch.increment(p)
+
+    def remove(self, x: Any) -> None:
+        for seg in (self.window, self.probation, self.protected):
+            seg.pop(x, None)
+
+    def admit(self, x: Any) -> list[Any]:
+        """Bring ``x`` in (at the window's MRU end); return the items that left."""
+        self.misses += 1
+        if self.climber.observe(self.sketch.total, self.misses):
+            self.wcap, self.pcap = self.climber.caps()
+            while len(self.protected) > self.pcap:
+                self.probation[self.protected.popitem(False)[0]] = None
+        self.window[x] = None
+        out: list[Any] = []
+        if len(self.window) <= self.wcap:
+            return out
+        cand = self.window.popitem(False)[0]
+        if len(self.window) + len(self.probation) + len(self.protected) < self.cap:
+            self.probation[cand] = None
+            return out
+        seg = self.probation or self.protected
+        if not seg:                      # capacity 1: all window
+            out.append(cand)
+            return out
+        victim = next(iter(seg))
+        if self.sketch.frequency(cand) > self.sketch.frequency(victim):
+            del seg[victim]
+            self.probation[cand] = None
+            out.append(victim)
+        else:
+            out.append(cand)
+        return out
+
+
+def tinylfu(req: Requests, slots: int) -> int:
+    """Get hits of an entry-level W-TinyLFU of ``slots`` entries."""
+    pol = _WTinyLFU(slots)
+    access, admit = pol.access, pol.admit
+    hits = 0
+    for op, k in zip(req.ops, req.keys):
+        if op == DELETE:
+            pol.remove(k)
+        elif access(k):
+            if op == GET:
+                hits += 1
+        else:
+            admit(k)
+    return hits
+
+
+def page_tinylfu(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
+    """:func:`page_lru` with the memory tier's ``policy="tinylfu"``: W-TinyLFU over
+    pages, the sketch counting accesses per page. Same counts returned."""
+    return _pages(req, page_size, _WTinyLFU(max_pages), "page_tinylfu")
+
+
+def page_rehome(req: Requests, page_size: int, max_pages: int) -> dict[str, int]:
+    """:func:`page_lru` plus re-homing: when a page is evicted, its entries hit
+    since they were last placed (faulted in, inserted or re-homed) move into
+    the open page and stay in memory; the others leave with the page. Pages
+    stay the unit of I/O (a fault reads the whole page). Same counts returned,
+    plus ``rehomed`` (entries moved)."""
+    if DELETE in req.ops:
+        raise ValueError("page_rehome does not model deletes (the free list)")
+    page_of: dict[Any, int] = {}
+    members: dict[int, set[Any]] = {}
+    hot: set[Any] = set()                # entries hit since placed
+    resident: OrderedDict[int, None] = OrderedDict()
+    move, popfirst = resident.move_to_end, resident.popitem
+    state = {"open": -1, "used": page_size, "next": 0}
+    mem = store = miss = faults = rehomed = 0
+
+    def new_page() -> None:
+        state["open"], state["used"] = state["next"], 0
+        state["next"] += 1
+        members[state["open"]] = set()
+        resident[state["open"]] = None
+
+    def place(k: Any) -> None:
+        if state["used"] >= page_size:
+            new_page()
+        p = state["open"]
+        page_of[k] = p
+        members[p].add(k)
+        state["used"] += 1
+        move(p)
+
+    def shrink() -> None:
+        nonlocal rehomed
+        while len(resident) > max_pages:
+            victim = popfirst(False)[0]
+            if victim == state["open"]:
+                state["open"], state["used"] = -1, page_size
+            keep = [k for k in members[victim] if k in hot]
+            for k in keep:
+                hot.discard(k)
+                members[victim].discard(k)
+                place(k)
+            rehomed += len(keep)
+
+    for op, k in zip(req.ops, req.keys):
+        p = page_of.get(k)
+        if p is not None:
+            if p in resident:
+                move(p)
+                hot.add(k)
+                if op == GET:
+                    mem += 1
+                continue
+            faults += 1
+            if op == GET:
+                store += 1
+            for m in members[p]:
+                hot.discard(m)
+            hot.add(k)
+            resident[p] = None
+            shrink()
+            continue
+        if op == GET:
+            miss += 1
+        place(k)
+        shrink()
+    return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults,
+            "rehomed": rehomed}

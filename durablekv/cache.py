@@ -62,6 +62,7 @@ from .lifecycle import Lifecycle, _open_caches
 from .memoize import memoize as _memoize
 from .nowait import NoWait
 from .pages import HAS_TTL, MemoryTier, RESIDENT
+from .policy import check_policy
 from .recovery import Recovery, _gc_paused
 from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, _first_lsn_of, list_segments
 from .replaylog import ReplayLog
@@ -89,6 +90,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         value raises :class:`ConfigError`.
     :param max_pages: the memory tier holds at most this many pages (so at
         most ``max_pages * page_size`` entries resident).
+    :param policy: the memory tier's replacement policy: ``"lru"`` (default,
+        LRU of pages) or ``"tinylfu"`` (W-TinyLFU of pages; docs/policy.md).
+        Not stored: a store may be reopened with either.
     :param flush_interval: seconds between write-behind flushes (and log
         fsyncs in ``durability="log"``).
     :param flush_batch_pages: a flush starts early once this many pages are dirty.
@@ -152,7 +156,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, max_pending_pages: int | None = None,
                  on_corruption: str = "raise", salvage_log: bool = False,
                  busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
-                 store: str | None = None, namespace: str | None = None) -> None:
+                 store: str | None = None, namespace: str | None = None,
+                 policy: str = "lru") -> None:
         self._state = _CLOSED
         self._temporary = directory is None
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
@@ -168,6 +173,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
                       segment_bytes=segment_bytes, salvage_log=salvage_log)
         _pgwire.check_store_args(store, namespace, durability)
+        self.policy = check_policy(policy)
         self._store_url, self.namespace = store, namespace
         if clock is not None:
             _check_clock(clock)
@@ -263,7 +269,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._clock_offset, self._last_now = store.ttl_clock
         self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
         self._cond = threading.Condition(self._lock)  # back-pressure waits
-        self._tier = MemoryTier(store.page_size, max_pages)
+        self._tier = MemoryTier(store.page_size, max_pages, self.policy)
         # the tier's page table and LRU, for the hot path (never replaced:
         # MemoryTier.clear() empties them in place)
         self._table = self._tier.table

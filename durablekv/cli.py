@@ -58,7 +58,8 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
            limit: int | None = None, metrics_port: int | None = None, hold: float = 0.0,
            progress: bool | None = None, name: str | None = None,
            on_corruption: str = "raise", salvage_log: bool = False,
-           on_report: Any = None, serializer: str = "safe") -> dict[str, Any]:
+           on_report: Any = None, serializer: str = "safe",
+           policy: str = "lru") -> dict[str, Any]:
     """Replay ``trace`` (an iterable of :class:`~durablekv.traces.Request`) into a
     cache at ``directory``; return the report as a flat dict.
 
@@ -69,6 +70,8 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
     ``serializer`` is passed to :class:`~durablekv.Cache` (``"safe"``,
     ``"json"`` (another name for it) or ``"pickle"``); an existing cache
     must be opened with the one it was created with.
+    ``policy`` is the memory tier's replacement policy (``"lru"`` or
+    ``"tinylfu"``, see :class:`~durablekv.Cache`).
     ``on_report(report)`` is called as soon as the report is ready, before
     the ``hold`` seconds of metrics serving.
 
@@ -92,7 +95,7 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
     cache = Cache(directory, page_size=page_size, max_pages=max_pages, durability=durability,
                   flush_interval=flush_interval, clock=clock, name=name,
                   on_corruption=on_corruption, salvage_log=salvage_log,
-                  serializer=serializer)
+                  serializer=serializer, policy=policy)
     max_value = cache.max_value_bytes
     try:
         if metrics_port is not None:
@@ -164,6 +167,7 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
             "format": getattr(trace, "format", "?"),
             "page_size": cache.page_size,
             "max_pages": max_pages,
+            "policy": policy,
             # entries the memory tier holds: the size of the LRU cache its
             # hit ratio compares with
             "memory_slots": cache.page_size * max_pages,
@@ -215,7 +219,9 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         return f"{100 * x:6.2f} %"
 
     slots = r.get("memory_slots", r["page_size"] * r["max_pages"])
-    if r["page_size"] == 1:
+    if r.get("policy", "lru") != "lru":
+        tier = f"the memory tier runs {r['policy']} over pages of {r['page_size']}"
+    elif r["page_size"] == 1:
         tier = "the memory tier is exactly such an LRU"
     else:
         tier = (f"the memory tier evicts whole pages of {r['page_size']}; --page-size 1 "
@@ -223,7 +229,7 @@ def _print_report(r: dict[str, Any], out=None) -> None:
     lines = [
         f"trace              {r['trace']} ({r['format']})",
         f"cache              page_size={r['page_size']} max_pages={r['max_pages']} "
-        f"durability={r['durability']}",
+        f"policy={r.get('policy', 'lru')} durability={r['durability']}",
         f"requests           {r['requests']:,}  (gets {r['gets']:,}, sets {r['sets']:,}, "
         f"deletes {r['deletes']:,})",
         # The memory tier is the cache of bounded size; the store never
@@ -366,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slots per page (default: an existing cache's, else 16)")
     p.add_argument("--max-pages", type=_positive_int, default=4096,
                    help="pages resident in memory (default 4096)")
+    p.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
+                   help="the memory tier's replacement policy (default lru; docs/policy.md)")
     p.add_argument("--durability", choices=("fsync", "log", "none"), default="log")
     p.add_argument("--flush-interval", type=_positive_float, default=0.05,
                    help="seconds between write-behind flushes (default 0.05)")
@@ -547,7 +555,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                metrics_port=args.metrics_port, hold=args.hold, progress=args.progress,
                name="replay" if tmp else None, on_corruption=args.on_corruption,
                salvage_log=args.salvage_log, on_report=report_ready,
-               serializer=serializer)
+               serializer=serializer, policy=args.policy)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

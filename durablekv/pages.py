@@ -29,8 +29,11 @@ access). The design is a database buffer pool shrunk to key/value entries
 from __future__ import annotations
 
 from heapq import heappop, heappush, heapify, heapreplace
+from functools import partial
 from itertools import count, repeat
 from typing import Any, Iterator, Sequence
+
+from .policy import TinyLFU, check_policy, counted_page_class
 
 __all__ = ["Page", "MemoryTier", "EMPTY", "HAS_TTL", "PAGE_BYTES_LIMIT"]
 
@@ -135,6 +138,10 @@ class MemoryTier:
 
     :param page_size: slots per page (>= 1).
     :param max_pages: most pages resident at once (>= 1).
+    :param policy: ``"lru"`` (the heap below) or ``"tinylfu"``: victims chosen
+        by a :class:`durablekv.policy.TinyLFU` (W-TinyLFU over pages; pages
+        are then a subclass whose ``stamp`` store also counts the access in
+        its frequency sketch). Dirty victims go pending either way.
 
     Public attributes are read directly by the cache's hot path:
     ``table`` (key -> page-table entry, see below), ``ticks`` (the recency clock: an access
@@ -172,9 +179,10 @@ class MemoryTier:
       was live until that moment.
     """
 
-    def __init__(self, page_size: int, max_pages: int) -> None:
+    def __init__(self, page_size: int, max_pages: int, policy: str = "lru") -> None:
         self.page_size = page_size
         self.max_pages = max_pages
+        self.policy_name = check_policy(policy)
         self.table: dict[Any, tuple | list] = {}
         self.pages: dict[int, Page] = {}
         self.heap: list[tuple[int, Page]] = []  # (filed stamp, page), see above
@@ -193,6 +201,11 @@ class MemoryTier:
         self.page_faults = 0
         self.evicted: list[Page] = []  # scratch: pages evicted by the last call
         self._all_slots = list(range(page_size))
+        self.policy: TinyLFU | None = None
+        self._new_page: Any = Page
+        if policy == "tinylfu":
+            self.policy = TinyLFU(self)
+            self._new_page = partial(counted_page_class(Page), sketch=self.policy.sketch)
 
     # -- residency -------------------------------------------------------------
 
@@ -209,10 +222,20 @@ class MemoryTier:
         if page.state == PENDING:
             self.pending -= 1
         page.state = RESIDENT
-        page.stamp = page.heap_stamp = stamp = next(self.ticks)
+        stamp = next(self.ticks)
         self.locked_ticks += 1
-        heappush(self.heap, (stamp, page))
         self.resident += 1
+        if self.policy is not None:
+            # not counted: a fault counts its access (fault_pending, install),
+            # a new page the insert that follows
+            page.set_stamp_uncounted(stamp)
+            page.heap_stamp = stamp
+            self.policy.admit(page)
+            if self.policy.heap_entries() > 2 * self.resident + 64:
+                self.policy.rebuild()
+            return
+        page.stamp = page.heap_stamp = stamp
+        heappush(self.heap, (stamp, page))
         while self.resident > self.max_pages:
             self._evict(self._pop_lru())
         if len(self.heap) > 2 * self.resident + 64:
@@ -256,6 +279,8 @@ class MemoryTier:
         """``page`` stops being resident without going through the heap top."""
         page.heap_stamp = -1
         self.resident -= 1
+        if self.policy is not None:
+            self.policy.left(page)
 
     def _evict(self, page: Page) -> None:
         self.resident -= 1
@@ -291,9 +316,9 @@ class MemoryTier:
         """
         n = len(keys)
         if n == self.page_size and list(slots) == self._all_slots:
-            page = Page(page_id, n, (keys, values, expires))
+            page = self._new_page(page_id, n, (keys, values, expires))
         else:
-            page = Page(page_id, self.page_size)
+            page = self._new_page(page_id, self.page_size)
             pk, pv, pe = page.keys, page.values, page.expires
             for slot, key, held, exp in zip(slots, keys, values, expires):
                 pk[slot] = key
@@ -312,12 +337,16 @@ class MemoryTier:
             self.pending += 1
             return page
         self.page_faults += 1
+        if self.policy is not None:
+            self.policy.sketch.increment(page_id)
         self.make_resident(page)
         return page
 
     def fault_pending(self, page: Page) -> None:
         """Take a pending page back from the write-behind queue (a page fault)."""
         self.page_faults += 1
+        if self.policy is not None:
+            self.policy.sketch.increment(page.page_id)
         self.make_resident(page)
 
     # -- changes ---------------------------------------------------------------
@@ -340,7 +369,7 @@ class MemoryTier:
             pid = self.free.pop()
             page = self.pages.get(pid)
             if page is None:
-                page = Page(pid, self.page_size)
+                page = self._new_page(pid, self.page_size)
                 self.pages[pid] = page
                 self.make_resident(page)
             elif page.state == PENDING:
@@ -348,7 +377,7 @@ class MemoryTier:
         else:
             pid = self.next_page_id
             self.next_page_id += 1
-            page = Page(pid, self.page_size)
+            page = self._new_page(pid, self.page_size)
             self.pages[pid] = page
             self.make_resident(page)
         self.open_page = page
@@ -479,6 +508,8 @@ class MemoryTier:
         self.table.clear()
         self.pages.clear()
         self.heap.clear()
+        if self.policy is not None:
+            self.policy.clear()
         self.resident = 0
         self.dirty.clear()
         self.free.clear()

@@ -149,3 +149,25 @@ def test_opt_matches_exhaustive_search() -> None:
         req = sim.Requests("t", [sim.GET] * n, keys, [0] * n, len(set(keys)), n, True)
         assert sim.opt(req, slots) == best(tuple(keys), slots), (keys, slots)
         assert sim.page_lru(req, 1, slots)["memory_hits"] == sim.lru(req, slots)
+
+
+def test_policy_table_from_one_run(tmp_path):
+    """bench.policy: the simulators' curves become the docs/policy.md table
+    between its markers (a 20,000-request prefix of scarab, page_size 4)."""
+    from bench import policy, sim
+
+    from .conftest import trace_path
+    req = sim.load(trace_path("scarab_recs.i64be"), 20_000)
+    c = sim.curves(req, (0.01, 0.10), (4,), (4,))
+    c.update(requests=len(req.ops), gets=req.gets, unique_keys=req.unique, whole_trace=False)
+    # W-TinyLFU at entries is never below LRU by more than a point here, and
+    # page_size=1 of the tier's simulator is the entry-level LRU
+    assert all(t >= l - 0.01 for t, l in zip(c["tinylfu"], c["lru"]))
+    assert sim.page_lru(req, 1, c["slots"][0])["memory_hits"] / req.gets == c["lru"][0]
+    doc = tmp_path / "policy.md"
+    doc.write_text(f"intro\n{policy.MARK_BEGIN}\nold\n{policy.MARK_END}\nafter\n")
+    policy.write_doc({"scarab_recs.i64be": c}, doc)
+    text = doc.read_text()
+    assert "old" not in text and text.startswith("intro") and text.endswith("after\n")
+    rows = [ln for ln in text.splitlines() if ln.startswith("| scarab")]
+    assert len(rows) == 4 and "| 1% |" in rows[0] and "| 10% |" in rows[3]

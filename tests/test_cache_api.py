@@ -42,6 +42,8 @@ SHAPES = {
     "roomy": dict(),
     "tiny": dict(page_size=4, max_pages=2),
     "lru1": dict(page_size=1, max_pages=3),
+    # W-TinyLFU instead of LRU: the API holds whatever the victim choice
+    "tinylfu": dict(page_size=4, max_pages=3, policy="tinylfu"),
 }
 
 

@@ -1,0 +1,393 @@
+"""Replacement policies of the memory tier: ``"lru"`` and ``"tinylfu"``.
+
+Pure data structures, no threads, no I/O (like pages.py, whose
+:class:`~durablekv.pages.MemoryTier` delegates its victim choice to a
+:class:`TinyLFU` when ``policy="tinylfu"``; under ``"lru"`` the tier keeps
+its own page heap and no object of this module is on any path).
+
+W-TinyLFU, as in Caffeine (Einziger, Friedman, Manes, "TinyLFU: A Highly
+Efficient Cache Admission Policy", ACM TOS 2017):
+
+* a *window* LRU of about 1% of the capacity takes every new item;
+* the rest is a segmented LRU, *probation* (20%) and *protected* (80%): an
+  item hit in probation moves to protected; protected's overflow goes back
+  to probation's MRU end;
+* the window's share adapts (Caffeine's hill climber, :class:`WindowClimber`):
+  every ``10 * capacity`` accesses the hit ratio of the last period is
+  compared with the one before; the window keeps growing (or shrinking) by
+  6.25% of the capacity while the hit ratio improves, turns round when it
+  falls, and the step decays by 2% a period (back to 6.25% when the hit
+  ratio moves by 5 points or more: the workload changed). A recency-heavy
+  trace so gets a big window (LRU-like), a frequency-heavy one a small one;
+* when the window overflows, its LRU item (the *candidate*) and
+  probation's LRU item (the *victim*) are compared by their estimated
+  frequency in a :class:`FrequencySketch`; the more frequent one stays in
+  main, the other leaves memory. Ties go to the victim (Caffeine's rule: an
+  incumbent is kept unless the candidate is strictly more frequent).
+
+At page granularity (the memory tier) the unit of residency is the page, so
+the items are pages and the sketch counts *accesses per page* (keyed by page
+id): every get, set or insert that touches a page counts once for it. A page
+stays or goes as a whole, so the number to compare is how often the whole
+page is used, which is the sum of its entries' accesses; counting entries
+separately would need a per-page sum of 16 estimates at every admission and
+would credit a page for entries that have moved out of it. Page ids come
+back through the free list; a reused id inherits the old page's counts
+until aging halves them away.
+
+Threads: the cache's lock-free memory hit increments the sketch without the
+lock. Two increments at once can lose one count, and an increment during a
+halving can land in the old counters; both only make an estimate a little
+low, which admission tolerates. Everything else here runs under the cache
+lock.
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heappush, heapreplace
+from typing import Any, Hashable
+
+__all__ = ["FrequencySketch", "TinyLFU", "WindowClimber", "POLICIES", "check_policy", "counted_page_class",
+           "window_split"]
+
+#: The policy names ``Cache(policy=...)`` takes.
+POLICIES = ("lru", "tinylfu")
+
+#: ``bytes.translate`` table halving every counter (the sketch's aging).
+_HALVE = bytes(i >> 1 for i in range(256))
+
+
+def check_policy(policy: Any) -> str:
+    """Return ``policy`` if it names a replacement policy.
+
+    :raises durablekv.errors.ConfigError: it does not.
+    """
+    if policy not in POLICIES:
+        from .errors import ConfigError
+        raise ConfigError(f"policy={policy!r}: expected one of {', '.join(map(repr, POLICIES))}; "
+                          "use policy='lru' (the default) or policy='tinylfu'")
+    return policy
+
+
+def window_split(capacity: int) -> tuple[int, int]:
+    """``(window, protected)`` sizes for ``capacity`` items: the window about
+    1% (at least 1), protected 80% of the rest (probation takes the remainder)."""
+    window = max(1, capacity // 100)
+    main = max(0, capacity - window)
+    return window, (main * 4) // 5
+
+
+class FrequencySketch:
+    """Count-Min sketch of 4-bit counters with periodic halving (TinyLFU).
+
+    Four rows of ``width`` counters (``width`` the power of two at or above
+    ``capacity``, at least 16), one byte each but saturating at 15 (4 bits'
+    worth: a frequency above 15 does not change an admission). After
+    ``sample = 10 * capacity`` increments every counter is halved (aging), so
+    the estimate follows a changing popularity.
+
+    :param capacity: items the cache holds (>= 1): sizes the sketch.
+    :raises ValueError: ``capacity < 1``.
+    """
+
+    __slots__ = ("width", "mask", "counters", "sample", "additions", "resets", "total")
+
+    MAX = 15
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity!r}: a frequency sketch needs capacity >= 1")
+        width = 16
+        while width < capacity:
+            width <<= 1
+        self.width = width
+        self.mask = width - 1
+        self.counters = bytearray(4 * width)
+        self.sample = 10 * capacity
+        self.additions = 0
+        self.resets = 0
+        self.total = 0      # increments ever (not aged): the accesses seen
+
+    def _indexes(self, key: Hashable) -> tuple[int, int, int, int]:
+        # One C call mixes the key: a tuple's hash runs xxHash rounds over its
+        # items' hashes (an int hashes to itself, so structured int keys need
+        # it); then double hashing h + i*g, one index per row.
+        h = hash((key, 0x9E3779B9))
+        g = (h >> 32) | 1
+        m, w = self.mask, self.width
+        return (h & m, w + ((h + g) & m), 2 * w + ((h + 2 * g) & m), 3 * w + ((h + 3 * g) & m))
+
+    def increment(self, key: Hashable) -> None:
+        """Count one access to ``key``; halve every counter every ``sample`` accesses."""
+        c = self.counters
+        h = hash((key, 0x9E3779B9))     # _indexes, inlined: this is a memory hit's cost
+        g = (h >> 32) | 1
+        m, w = self.mask, self.width
+        for i in (h & m, w + ((h + g) & m), 2 * w + ((h + 2 * g) & m),
+                  3 * w + ((h + 3 * g) & m)):
+            if c[i] < 15:
+                c[i] += 1
+        self.additions += 1
+        self.total += 1
+        if self.additions >= self.sample:
+            self.reset()
+
+    def frequency(self, key: Hashable) -> int:
+        """Estimated accesses to ``key`` (0..15), never below the true count since
+        the last halving (Count-Min: the minimum over the four rows)."""
+        c = self.counters
+        a, b, d, e = self._indexes(key)
+        return min(c[a], c[b], c[d], c[e])
+
+    def reset(self) -> None:
+        """Age the sketch: halve every counter (and the addition count)."""
+        self.counters = bytearray(self.counters.translate(_HALVE))
+        self.additions //= 2
+        self.resets += 1
+
+
+class WindowClimber:
+    """The window's size, tuned by hill climbing on the hit ratio (Caffeine's
+    simple climber): see the module docstring.
+
+    :param capacity: items the cache holds (>= 1).
+    """
+
+    STEP = 0.0625        # of the capacity
+    DECAY = 0.98
+    RESTART = 0.05       # a hit-ratio change this big restarts the step
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.window = float(window_split(capacity)[0])
+        self.initial_step = self.STEP * capacity
+        self.step = self.initial_step
+        self.period = 10 * capacity
+        self.previous = 0.0
+        self.base_accesses = self.base_misses = 0
+        self.adjustments = 0
+
+    def caps(self) -> tuple[int, int]:
+        """``(window, protected)`` sizes now."""
+        window = int(self.window)
+        return window, ((self.capacity - window) * 4) // 5
+
+    def observe(self, accesses: int, misses: int) -> bool:
+        """Running totals of accesses and misses; True if the window changed."""
+        n = accesses - self.base_accesses
+        if n < self.period:
+            return False
+        rate = max(0.0, 1.0 - (misses - self.base_misses) / n)
+        change = rate - self.previous
+        if change < 0:
+            self.step = -self.step
+        top = max(1.0, self.capacity - 1.0)
+        self.window = min(max(1.0, self.window + self.step), top)
+        if abs(change) >= self.RESTART:
+            self.step = self.initial_step if self.step > 0 else -self.initial_step
+        else:
+            self.step *= self.DECAY
+        self.previous = rate
+        self.base_accesses, self.base_misses = accesses, misses
+        self.adjustments += 1
+        return True
+
+
+WINDOW, PROBATION, PROTECTED = 0, 1, 2
+
+
+class _NoCount:
+    __slots__ = ()
+
+    def increment(self, key: Hashable) -> None:
+        pass
+
+
+_NO_COUNT = _NoCount()
+
+
+def counted_page_class(page_cls: type) -> type:
+    """A subclass of the memory tier's page class whose ``stamp`` store also
+    counts the access in the page's frequency sketch.
+
+    The cache's hot path touches a page with ``page.stamp = tick``; under
+    ``"tinylfu"`` that store becomes this property, so every get, set and
+    insert is counted without a line of the cache changing, and under
+    ``"lru"`` (plain pages) a memory hit stays one attribute store.
+    """
+    slot = page_cls.__dict__["stamp"]
+    get, put = slot.__get__, slot.__set__
+
+    class CountedPage(page_cls):  # type: ignore[misc, valid-type]
+        __slots__ = ("sketch", "seg")
+
+        def __init__(self, page_id: int, page_size: int, full: Any = None, *,
+                     sketch: FrequencySketch) -> None:
+            self.sketch = _NO_COUNT   # building a page is not an access
+            self.seg = WINDOW
+            super().__init__(page_id, page_size, full)
+            self.sketch = sketch
+
+        @property
+        def stamp(self) -> int:
+            return get(self)
+
+        @stamp.setter
+        def stamp(self, tick: int) -> None:
+            self.sketch.increment(self.page_id)
+            put(self, tick)
+
+        def set_stamp_uncounted(self, tick: int) -> None:
+            put(self, tick)
+
+    CountedPage.__qualname__ = CountedPage.__name__ = f"Counted{page_cls.__name__}"
+    return CountedPage
+
+
+class TinyLFU:
+    """W-TinyLFU victim choice for a memory tier's resident pages.
+
+    Segments are min-heaps of ``(filed stamp, page)`` with the tier's lazy
+    promotion: a page touched since it was filed has a newer ``stamp``, seen
+    when it surfaces at its heap's top. A page that surfaces in probation
+    with a newer stamp was hit there: it moves to protected (Caffeine moves
+    it at the hit; here the move waits until it would otherwise be the
+    victim, so a lock-free hit stays a store). Protected's overflow goes to
+    probation's MRU end under a fresh tick.
+
+    The tier keeps counting ``resident``; this object keeps the segments and
+    calls ``tier._evict(page)`` for every page it chooses to leave. The page
+    being admitted is the window's MRU and is never the one that leaves, so
+    a caller can use a page right after ``make_resident``.
+
+    :param tier: the :class:`~durablekv.pages.MemoryTier` (reads ``max_pages``,
+        ``ticks``, ``resident``; calls ``_evict``).
+    """
+
+    def __init__(self, tier: Any) -> None:
+        self.tier = tier
+        self.climber = WindowClimber(tier.max_pages)
+        self.window_cap, self.protected_cap = self.climber.caps()
+        self.heaps: tuple[list, list, list] = ([], [], [])
+        self.sizes = [0, 0, 0]
+        self.sketch = FrequencySketch(tier.max_pages)
+        self.misses = 0     # admissions (new or faulted pages)
+        self.admitted = 0   # candidates that won against a victim
+        self.rejected = 0   # candidates that lost (left memory from the window)
+
+    def _file(self, page: Any, seg: int, stamp: int) -> None:
+        page.seg = seg
+        page.heap_stamp = stamp
+        heappush(self.heaps[seg], (stamp, page))
+        self.sizes[seg] += 1
+
+    def _peek(self, seg: int) -> Any:
+        """The LRU page of segment ``seg`` (left in place), or None if it is empty."""
+        heap = self.heaps[seg]
+        while heap:
+            filed, page = heap[0]
+            if page.heap_stamp != filed or page.seg != seg:
+                heappop(heap)   # left residency (or the segment) after it was filed
+                continue
+            stamp = page.stamp
+            if stamp == filed:
+                return page
+            if seg == PROBATION:
+                heappop(heap)   # hit while in probation: promote
+                self.sizes[PROBATION] -= 1
+                self._file(page, PROTECTED, stamp)
+                self._demote()
+            else:
+                page.heap_stamp = stamp
+                heapreplace(heap, (stamp, page))
+        return None
+
+    def _take(self, seg: int) -> Any:
+        page = self._peek(seg)
+        if page is not None:
+            heappop(self.heaps[seg])
+            self.sizes[seg] -= 1
+            page.heap_stamp = -1
+        return page
+
+    def _demote(self) -> None:
+        while self.sizes[PROTECTED] > self.protected_cap:
+            page = self._take(PROTECTED)
+            tick = next(self.tier.ticks)
+            self.tier.locked_ticks += 1
+            page.set_stamp_uncounted(tick)
+            self._file(page, PROBATION, tick)
+
+    def _leave(self, page: Any) -> None:
+        """Evict ``page`` (already out of its heap) through the tier."""
+        self.tier._evict(page)
+
+    def admit(self, page: Any) -> None:
+        """``page`` just became resident (the tier counted it in ``resident`` and
+        set its stamp): file it in the window and evict until the tier fits."""
+        self._file(page, WINDOW, page.heap_stamp)
+        tier = self.tier
+        sketch = self.sketch
+        self.misses += 1
+        if self.climber.observe(sketch.total, self.misses):
+            self.window_cap, self.protected_cap = self.climber.caps()
+            self._demote()
+        while self.sizes[WINDOW] > self.window_cap:
+            cand = self._take(WINDOW)
+            if tier.resident <= tier.max_pages:
+                self._file(cand, PROBATION, cand.stamp)
+                continue
+            victim = self._peek(PROBATION)
+            seg = PROBATION
+            if victim is None:
+                victim, seg = self._peek(PROTECTED), PROTECTED
+            if victim is None:
+                self._leave(cand)
+                self.rejected += 1
+            elif sketch.frequency(cand.page_id) > sketch.frequency(victim.page_id):
+                self._take(seg)
+                self._leave(victim)
+                self._file(cand, PROBATION, cand.stamp)
+                self.admitted += 1
+            else:
+                self._leave(cand)
+                self.rejected += 1
+        while tier.resident > tier.max_pages:   # defensive: only the window can overfill
+            for seg in (PROBATION, PROTECTED, WINDOW):
+                victim = self._take(seg)
+                if victim is not None and victim is not page:
+                    self._leave(victim)
+                    break
+                if victim is page:
+                    self._file(page, WINDOW, page.stamp)
+            else:
+                break
+
+    def left(self, page: Any) -> None:
+        """``page`` left residency outside the heaps (it became empty)."""
+        self.sizes[page.seg] -= 1
+
+    def order(self) -> list[Any]:
+        """Resident pages, next victim-side first within each segment (window,
+        probation, protected): for tests and introspection."""
+        out = []
+        for seg in (WINDOW, PROBATION, PROTECTED):
+            live = [(p.stamp, p.page_id, p) for s, p in self.heaps[seg]
+                    if p.heap_stamp == s and p.seg == seg]
+            out.extend(p for _, _, p in sorted(live, key=lambda t: t[:2]))
+        return out
+
+    def rebuild(self) -> None:
+        """Drop stale heap entries (O(resident pages))."""
+        for seg, heap in enumerate(self.heaps):
+            live = [(s, p) for s, p in heap if p.heap_stamp == s and p.seg == seg]
+            heapify(live)
+            heap[:] = live
+
+    def heap_entries(self) -> int:
+        return sum(map(len, self.heaps))
+
+    def clear(self) -> None:
+        for heap in self.heaps:
+            heap.clear()
+        self.sizes = [0, 0, 0]
