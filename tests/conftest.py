@@ -24,6 +24,25 @@ TRACES = REPO.parent / "shared" / "traces"
 REQUIRE_TRACES = os.environ.get("DURABLEKV_REQUIRE_TRACES") == "1"
 
 
+#: ``.ci/run`` sets this too: there a missing prometheus/promtool binary fails
+#: the tests that need it instead of skipping them.
+REQUIRE_PROMETHEUS = os.environ.get("DURABLEKV_REQUIRE_PROMETHEUS") == "1"
+
+
+def need_binaries(*names: str) -> None:
+    """Skip (locally) or fail (in CI) a test whose binaries are not on PATH."""
+    import shutil
+    missing = [n for n in names if shutil.which(n) is None]
+    if not missing:
+        return
+    reason = (f"needs {' and '.join(missing)} on PATH (Debian: apt-get install -y "
+              "--no-install-recommends prometheus)")
+    if REQUIRE_PROMETHEUS:
+        pytest.fail(reason + "; DURABLEKV_REQUIRE_PROMETHEUS=1 makes this a failure",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
 def no_traces(what: Path) -> None:
     """Skip (locally) or fail (in CI) a test whose real trace is missing."""
     reason = f"real trace {what} is not available (expected ../shared/traces beside the repo)"

@@ -41,14 +41,16 @@ def _lost(c, acked) -> int:
     return sum(c.get(f"k{i}") != f"v{i}" for i in acked)
 
 
-@pytest.mark.parametrize("durability,lost", [("sync", 0), ("fsync", 0), ("log", 0)])
+@pytest.mark.parametrize("durability,lost",
+                         [("sync", 0), ("fsync", 0), ("log", 0), ("none", 100)])
 def test_row_process_killed(pg, pg_ns, tmp_path, durability, lost):
     acked = _kill_after_hold(tmp_path / "c", pg, pg_ns, durability)
     with open_with_deadline(tmp_path / "c", pg, pg_ns, durability=durability) as c:
         assert _lost(c, acked) == lost
 
 
-@pytest.mark.parametrize("durability,lost", [("sync", 0), ("fsync", 100), ("log", 100)])
+@pytest.mark.parametrize("durability,lost",
+                         [("sync", 0), ("fsync", 100), ("log", 100), ("none", 100)])
 def test_row_machine_lost(pg, pg_ns, tmp_path, durability, lost):
     """Only "sync" keeps what the write-behind has not stored yet: the other
     modes' replay log was in the lost directory."""

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import need_binaries
+
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO.parent / "shared" / "traces" / "arc_OLTP.lis"
 DASHBOARD = REPO / "grafana" / "durablekv-dashboard.json"
@@ -38,12 +40,12 @@ LIMIT = 300_000       # requests replayed: several seconds, so 1 s scrapes see i
 HOLD_SECONDS = 20     # the replay keeps serving this long after its report
 RATE_INTERVAL = "15s"  # $__rate_interval: >= 4 x the 1 s scrape interval
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
-                       reason="needs the prometheus and promtool binaries on PATH "
-                              "(Debian: apt-get install -y --no-install-recommends prometheus)"),
-]
+pytestmark = [pytest.mark.prometheus]
+
+
+@pytest.fixture(autouse=True)
+def _binaries():
+    need_binaries("prometheus", "promtool")  # skip locally, fail in CI
 
 
 # --------------------------------------------------------------------------- helpers

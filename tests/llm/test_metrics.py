@@ -64,12 +64,9 @@ def test_collector_module_needs_no_numpy():
 
 def test_promtool_finds_no_problem():
     """promtool lints the exposition (naming rules, HELP); CI has it, a laptop may not."""
-    import shutil
+    from ..conftest import need_binaries
 
-    import pytest
-
-    if shutil.which("promtool") is None:
-        pytest.skip("promtool is not installed (CI installs Debian's prometheus)")
+    need_binaries("promtool")  # skip locally, fail in CI
 
     class Stub:
         store = None
