@@ -90,20 +90,20 @@ async def run(proto: str, port: int, op: str, connections: int, requests: int,
     lat: list[int] = []
     errors = [0]
     deadline = time.perf_counter() + seconds
+    taken = [0]  # requests handed out, shared: "fill" sets every key exactly once
 
     async def conn(c: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        i = c
         try:
             while left[0] > 0 and time.perf_counter() < deadline:
                 left[0] -= 1
+                i, taken[0] = taken[0], taken[0] + 1
                 t0 = time.perf_counter_ns()
                 writer.write(reqs[i % len(reqs)])
                 got = await answer(reader)
                 lat.append(time.perf_counter_ns() - t0)
                 if got != expected:
                     errors[0] += 1
-                i += connections
         finally:
             writer.close()
 
