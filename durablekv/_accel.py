@@ -17,10 +17,12 @@ chosen and why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from types import ModuleType
+from typing import Iterator
 
-__all__ = ["Acceleration", "accelerated", "native"]
+__all__ = ["Acceleration", "accelerated", "native", "pure_kernels"]
 
 #: The kernels the extension provides, by the name :class:`Acceleration` lists.
 KERNELS = ("log_record", "segment_parse", "recovery_decode", "page_decode", "page_encode")
@@ -68,3 +70,32 @@ def _load() -> tuple[ModuleType | None, Acceleration]:
 
 #: The extension module, or None when the pure-Python code runs.
 native, accelerated = _load()
+
+
+#: Where each kernel's module looks the extension up: (module, global name,
+#: the value that turns the kernel on).
+def _switches() -> list[tuple[ModuleType, str, object]]:
+    from . import codec, logsegments, replaylog
+    from .stores import pageformat
+    if native is None:
+        return []
+    return [(codec, "_native", native), (logsegments, "_native", native),
+            (pageformat, "_native", native), (replaylog, "_WRITE_RECORD", native.write_record)]
+
+
+@contextlib.contextmanager
+def pure_kernels() -> Iterator[None]:
+    """Run the pure-Python kernels inside the ``with`` block, in a process
+    that loaded the extension (for the side-by-side bench and the tests
+    that write with one implementation and read with the other). Not for
+    production use: it switches module globals, so every thread of the
+    process sees the change; nothing else may run meanwhile.
+    """
+    switches = _switches()
+    for module, name, _on in switches:
+        setattr(module, name, None)
+    try:
+        yield
+    finally:
+        for module, name, on in switches:
+            setattr(module, name, on)
