@@ -50,6 +50,6 @@ class optional_build_ext(build_ext):
 
 setup(
     ext_modules=[Extension("durablekv._native", ["durablekv/_native.c"],
-                           extra_compile_args=["-O2"], optional=True)],
+                           extra_compile_args=["-O2"])],
     cmdclass={"build_ext": optional_build_ext},
 )
