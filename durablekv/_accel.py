@@ -80,7 +80,8 @@ def _switches() -> list[tuple[ModuleType, str, object]]:
     if native is None:
         return []
     return [(codec, "_native", native), (logsegments, "_native", native),
-            (pageformat, "_native", native), (replaylog, "_WRITE_RECORD", native.write_record)]
+            (pageformat, "_native", native), (replaylog, "_WRITE_RECORD", native.write_record),
+            (replaylog, "_WRITE_BYTES_RECORD", native.write_bytes_record)]
 
 
 @contextlib.contextmanager

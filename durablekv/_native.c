@@ -108,15 +108,23 @@ py_crc32(PyObject *Py_UNUSED(self), PyObject *args)
 /* Fill ``out`` (HSIZE + PSIZE + klen + vlen bytes) with one record. */
 static void
 build_record(unsigned char *out, uint64_t lsn, unsigned op, double exp,
-             const char *key, Py_ssize_t klen, const char *value, Py_ssize_t vlen)
+             const char *key, Py_ssize_t klen, const char *value, Py_ssize_t vlen,
+             int bytes_tag)
 {
-    uint32_t n = (uint32_t)(PSIZE + klen + vlen);
+    /* bytes_tag: the value is a bytes object's raw data, written as the safe
+     * codec's encoding of it (tag 'b', u32 length, the bytes) */
+    Py_ssize_t tag = bytes_tag ? 5 : 0;
+    uint32_t n = (uint32_t)(PSIZE + klen + tag + vlen);
     unsigned char *pl = out + HSIZE;
     pl[0] = (unsigned char)op;
     put_f64(pl + 1, exp);
     put_u32(pl + 9, (uint32_t)klen);
     memcpy(pl + PSIZE, key, (size_t)klen);
-    memcpy(pl + PSIZE + klen, value, (size_t)vlen);
+    if (bytes_tag) {
+        pl[PSIZE + klen] = 'b';
+        put_u32(pl + PSIZE + klen + 1, (uint32_t)vlen);
+    }
+    memcpy(pl + PSIZE + klen + tag, value, (size_t)vlen);
     put_u32(out, n);
     put_u64(out + 8, lsn);
     /* CRC of <IQ (length, lsn) then the payload: bytes 0..4 then 8..end */
@@ -188,38 +196,45 @@ py_encode_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t na
     if (out == NULL)
         return NULL;
     build_record((unsigned char *)PyBytes_AS_STRING(out), lsn, op, exp,
-                 PyBytes_AS_STRING(args[2]), klen, PyBytes_AS_STRING(args[3]), vlen);
+                 PyBytes_AS_STRING(args[2]), klen, PyBytes_AS_STRING(args[3]), vlen, 0);
     return out;
 }
 
 /* write_record(fd, lsn, op, key, value, expire_at) -> (written, size)
+ * write_bytes_record(fd, lsn, op, key, raw, expire_at) -> (written, size)
  *
- * Builds the record and writes it with one write(2), the GIL released
- * around the call as os.write does; EINTR is retried as os.write does
- * (PEP 475), running signal handlers first. Raises OSError as os.write. */
+ * Build the record and write it with one write(2), the GIL released around
+ * the call as os.write does; EINTR is retried as os.write does (PEP 475),
+ * running signal handlers first. Raises OSError as os.write.
+ * write_bytes_record logs the value b"b" + u32(len(raw)) + raw (the safe
+ * codec's encoding of a bytes value) without building it first. */
 static PyObject *
-py_write_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+write_any(PyObject *const *args, Py_ssize_t nargs, int bytes_tag, const char *name)
 {
     unsigned long long lsn;
     unsigned op;
     double exp;
     if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "write_record takes 6 arguments");
+        PyErr_Format(PyExc_TypeError, "%s takes 6 arguments", name);
         return NULL;
     }
     int fd = PyLong_AsLong(args[0]) ;
     if (fd == -1 && PyErr_Occurred())
         return NULL;
-    if (record_args(args, nargs, "write_record", &lsn, &op, &exp) < 0)
+    if (record_args(args, nargs, name, &lsn, &op, &exp) < 0)
         return NULL;
     Py_ssize_t klen = PyBytes_GET_SIZE(args[3]), vlen = PyBytes_GET_SIZE(args[4]);
-    size_t size = (size_t)(HSIZE + PSIZE + klen + vlen);
-    unsigned char stack[512];
+    if (bytes_tag && (unsigned long long)(PSIZE + klen + 5 + vlen) > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "record too large");
+        return NULL;
+    }
+    size_t size = (size_t)(HSIZE + PSIZE + klen + (bytes_tag ? 5 : 0) + vlen);
+    unsigned char stack[1024];
     unsigned char *buf = size <= sizeof stack ? stack : PyMem_RawMalloc(size);
     if (buf == NULL)
         return PyErr_NoMemory();
     build_record(buf, lsn, op, exp, PyBytes_AS_STRING(args[3]), klen,
-                 PyBytes_AS_STRING(args[4]), vlen);
+                 PyBytes_AS_STRING(args[4]), vlen, bytes_tag);
     ssize_t n;
     int err;
     do {
@@ -238,6 +253,18 @@ py_write_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     return Py_BuildValue("(nn)", (Py_ssize_t)n, (Py_ssize_t)size);
+}
+
+static PyObject *
+py_write_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    return write_any(args, nargs, 0, "write_record");
+}
+
+static PyObject *
+py_write_bytes_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    return write_any(args, nargs, 1, "write_bytes_record");
 }
 
 /* parse_segment(data, pos) -> (records, pos, stopped)
@@ -607,6 +634,9 @@ static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))py_write_record, METH_FASTCALL,
      "write_record(fd, lsn, op, key, value, expire_at) -> (written, size): build one "
      "record and write it with one write(2); OSError as os.write."},
+    {"write_bytes_record", (PyCFunction)(void (*)(void))py_write_bytes_record, METH_FASTCALL,
+     "write_bytes_record(fd, lsn, op, key, raw, expire_at) -> (written, size): "
+     "write_record of the value b'b' + u32(len(raw)) + raw."},
     {"parse_segment", py_parse_segment, METH_VARARGS,
      "parse_segment(data, pos) -> (records, pos, stopped)."},
     {"decode_keys", py_decode_keys, METH_VARARGS,

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 from dataclasses import dataclass
 
@@ -414,6 +415,30 @@ class ReplayLog:
         self._last_lsn = lsn
         return len(record)
 
+    def append_bytes(self, lsn: int, op: int, key: bytes, raw: bytes,
+                     expire_at: float | None) -> int:
+        """:meth:`append` of the value ``b"b" + u32(len(raw)) + raw`` (the safe
+        codec's encoding of the bytes value ``raw``), without building that
+        encoding first: the set of a bytes value copies it once, into the
+        record. Same record bytes, same errors.
+        """
+        if self._size >= self.segment_bytes:
+            self._roll(lsn)
+        if _WRITE_BYTES_RECORD is not None and type(self)._write is _WRITE_SEAM:
+            try:
+                written, size = _WRITE_BYTES_RECORD(self._fd, lsn, op, key, raw, expire_at)
+            except OSError as exc:
+                raise LogWriteError(self._path, exc) from exc
+            except (TypeError, ValueError, OverflowError):
+                pass  # arguments the Python code must judge
+            else:
+                if written != size:
+                    self._cut_short_write(written, size)
+                self._size += size
+                self._last_lsn = lsn
+                return size
+        return self.append(lsn, op, key, b"b" + _U32_PACK(len(raw)) + raw, expire_at)
+
     def _cut_short_write(self, written: int, size: int) -> None:
         # A short write leaves a torn record: cut it off again so that the
         # next append does not land behind garbage.
@@ -539,6 +564,8 @@ class ReplayLog:
 #: (or fault injector) has replaced :meth:`ReplayLog._write`.
 _WRITE_SEAM = ReplayLog._write
 _WRITE_RECORD = None if _native is None else _native.write_record
+_WRITE_BYTES_RECORD = None if _native is None else _native.write_bytes_record
+_U32_PACK = struct.Struct("<I").pack
 
 
 def _gone(fd: int, path: str) -> str | None:

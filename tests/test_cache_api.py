@@ -724,7 +724,8 @@ def test_coalescing_many_sets_few_page_writes(tmp_path):
 
 def test_public_surface_is_pinned():
     assert durablekv.__all__ == [
-        "Cache", "ShardedCache", "CacheStats", "DurableKVError", "CacheLockedError",
+        "Cache", "ShardedCache", "CacheStats", "Acceleration", "accelerated",
+        "DurableKVError", "CacheLockedError",
         "NamespaceLockedError", "CacheClosedError",
         "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
         "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError", "LogFileGoneError",
