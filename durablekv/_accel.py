@@ -18,6 +18,7 @@ chosen and why.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from types import ModuleType
 from typing import Iterator
@@ -63,8 +64,10 @@ def _load() -> tuple[ModuleType | None, Acceleration]:
     try:
         from . import _native
     except ImportError as exc:
-        return None, Acceleration((), f"the C extension durablekv._native did not import "
-                                      f"({exc}); reinstall with a C compiler to build it")
+        why = (f"the C extension durablekv._native did not import ({exc}); reinstall with "
+               "a C compiler to build it")
+        logging.getLogger("durablekv").info("running the pure-Python kernels: %s", why)
+        return None, Acceleration((), why)
     return _native, Acceleration(KERNELS, "")
 
 
