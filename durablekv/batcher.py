@@ -234,6 +234,35 @@ class WriteBehindBatcher:
             # committed, but the log lost its active segment: say so at every flush
             raise gone
 
+    def cycle_once(self, timeout: float | None = None) -> None:
+        """Block until a whole cycle that began after this call has run (for
+        work that is not an LSN to wait for: eviction down to a size limit).
+
+        :raises WriteBehindError: that cycle failed, or the thread is not running.
+        :raises FlushTimeoutError: not done within ``timeout`` seconds.
+        """
+        monotonic = _REAL[0]
+        deadline = None if timeout is None else monotonic() + timeout
+        with self._cond:
+            target = self._cycles + 2  # a cycle running now may have begun before this call
+            errors_at_start = self._errors
+            while self._cycles < target:
+                if self._stop or not self._thread.is_alive():
+                    raise WriteBehindError(self._path, self._last_error,
+                                           f"write-behind thread of {self._path!r} is not running; "
+                                           "the cache is closed or failed")
+                if self._errors > errors_at_start:
+                    raise WriteBehindError(self._path, self._last_error) from self._last_error
+                remaining = None
+                if deadline is not None:
+                    remaining = deadline - monotonic()
+                    if remaining <= 0:
+                        raise FlushTimeoutError(self._path, timeout, self._last_error)
+                self._urgent = True
+                self._retry_now = True
+                self._wake.set()
+                self._cond.wait(remaining)
+
     # -- the thread ----------------------------------------------------------------
 
     def _run(self) -> None:

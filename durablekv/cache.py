@@ -379,6 +379,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             self._log.start(self._last_lsn + 1)
         self.recovered_records = recovered
         self.recovery_seconds = _REAL_MONOTONIC[0]() - t0
+        if self.size_limit is not None and store.data_bytes > self.size_limit:
+            self._batcher.kick(urgent=True)  # cull down to the (new, smaller) bound
         if recovered:
             log.info("recovered %d log records in %.3f s for %s", recovered,
                      self.recovery_seconds, self.path)
@@ -701,6 +703,18 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         # account would never end.
         if target > self._store.checkpoint_lsn:
             self._batcher.flush_until(target, timeout)
+        if self._store_over_limit():
+            # nothing to store, but pages to evict (a store reopened with a
+            # smaller size_limit, or pages that just left memory)
+            self._batcher.cycle_once(timeout)
+
+    def _store_over_limit(self) -> bool:
+        """Whether the store passes ``size_limit`` and may evict something now."""
+        limit = self.size_limit
+        if limit is None or self._store.data_bytes <= limit:
+            return False
+        with self._lock:
+            return self._store_stuck != (len(self._tier.pages), self._tier.evictions)
 
     def close(self) -> None:
         """Flush, checkpoint, remove the replay log, release the directory
