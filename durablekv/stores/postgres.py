@@ -156,6 +156,18 @@ def _typed_meta(meta: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+class _Either:
+    """``x in _Either(a, b)``: in either container (no copy of a large set)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[Any], b: Container[Any]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.a or x in self.b
+
+
 class PostgresPageStore:
     """Pages and the key index of one namespace in a PostgreSQL database.
 
@@ -576,14 +588,22 @@ class PostgresPageStore:
                     data_bytes = 0 if clear else self.data_bytes - self._stored_bytes(
                         cur, [img.page_id for img in images if img.stored])
                     data_bytes += sum(len(img.data) for img in images if img.n)
+                    evicted: list[tuple[int, int, int]] = []
+                    if size_limit is not None and data_bytes > size_limit and not clear:
+                        # other pages first (see the SQLite store): never the
+                        # pages written here, nor those this batch marks as used
+                        skip = {img.page_id for img in images} | set(left_pages)
+                        data_bytes, evicted = self._evict(
+                            cur, data_bytes, size_limit,
+                            skip if not keep_pages else _Either(keep_pages, skip))
                     added = self._write_pages(cur, images, clear, held_pages, checkpoint_lsn)
                     if left_pages and not clear:
                         cur.execute("UPDATE dkv_pages SET last_use = %s WHERE ns_id = %s AND "
                                     "page_id = ANY(%s)", (checkpoint_lsn, ns, list(left_pages)))
-                    evicted: list[tuple[int, int, int]] = []
                     if size_limit is not None and data_bytes > size_limit:
-                        data_bytes, evicted = self._evict(cur, data_bytes, size_limit,
-                                                          keep_pages)
+                        data_bytes, more = self._evict(cur, data_bytes, size_limit, keep_pages)
+                        evicted += more
+                    if evicted:
                         key_count -= sum(e[1] for e in evicted)
                         ttl_key_count -= sum(e[2] for e in evicted)
                     meta = [("checkpoint_lsn", checkpoint_lsn), ("key_count", key_count),

@@ -505,6 +505,15 @@ class SQLitePageStore:
                 data_bytes = 0 if clear else self.data_bytes - self._stored_bytes(
                     conn, [img.page_id for img in images if img.stored])
                 data_bytes += sum(len(r[2]) for r in page_rows)
+                evicted: list[tuple[int, int, int]] = []
+                if size_limit is not None and data_bytes > size_limit and not clear:
+                    # Other pages first, before the new images go in: the file
+                    # pages they free are then reused by this very transaction
+                    # (else the file would grow by a flush's worth each time).
+                    written = {img.page_id for img in images}
+                    data_bytes, evicted = self._evict(
+                        conn, data_bytes, size_limit,
+                        _Union(keep_pages, written), left_pages)
                 if emptied:
                     conn.executemany("DELETE FROM keys WHERE page_id = ?", emptied)
                     conn.executemany("DELETE FROM pages WHERE page_id = ?", emptied)
@@ -524,9 +533,11 @@ class SQLitePageStore:
                 if left_pages and not clear:
                     conn.executemany("UPDATE pages SET last_use = ? WHERE page_id = ?",
                                      zip(repeat(checkpoint_lsn), left_pages))
-                evicted: list[tuple[int, int, int]] = []
                 if size_limit is not None and data_bytes > size_limit:
-                    data_bytes, evicted = self._evict(conn, data_bytes, size_limit, keep_pages)
+                    # still over: pending pages written just now may go too
+                    data_bytes, more = self._evict(conn, data_bytes, size_limit, keep_pages)
+                    evicted += more
+                if evicted:
                     key_count -= sum(e[1] for e in evicted)
                     ttl_key_count -= sum(e[2] for e in evicted)
                 conn.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
@@ -568,12 +579,18 @@ class SQLitePageStore:
         return total
 
     def _evict(self, conn: sqlite3.Connection, data_bytes: int, size_limit: int,
-               keep: Container[int]) -> tuple[int, list[tuple[int, int, int]]]:
+               keep: Container[int], left: Sequence[int] = ()
+               ) -> tuple[int, list[tuple[int, int, int]]]:
         """Delete least recently used pages not in ``keep``, with their index
         rows, until ``data_bytes <= size_limit`` (or none is left to take).
 
+        ``left``: pages whose last use this batch records but has not yet
+        written (they are the most recently used: taken last).
+
         :returns: the new ``data_bytes`` and ``(page_id, entries, ttl entries)``
             of each page deleted."""
+        if left:
+            keep = _Union(keep, set(left))
         after = (-1, -1)
         victims: list[tuple[int, int]] = []
         while data_bytes > size_limit:
@@ -732,6 +749,18 @@ class SQLitePageStore:
                 if checkpoint_wal and attr == "_w":
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.close()
+
+
+class _Union:
+    """``x in _Union(a, b)``: in either container (no copy of a large set)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[Any], b: Container[Any]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.a or x in self.b
 
 
 #: Parameters per ``IN (...)`` statement: far below SQLite's limit on
