@@ -263,6 +263,33 @@ def test_reopening_with_a_smaller_size_limit_culls_at_the_next_flush(tmp_path):
         assert "k199" in survivors and "k0" not in survivors
 
 
+def test_a_schema_3_store_upgrades_with_its_page_bytes_counted(tmp_path):
+    """Migration 0004 on a store from before size_limit: data_bytes is the
+    pages' total, every page gets last_use 0 (oldest), and culling works."""
+    d = tmp_path / "c"
+    with open_cache(d, page_size=4) as c:
+        for i in range(100):
+            c[f"k{i}"] = b"w" * (10 * KiB)
+    total = stored_blob_bytes(d)
+    conn = sqlite3.connect(d / "pages.sqlite3")
+    conn.execute("DROP INDEX pages_by_last_use")
+    conn.execute("ALTER TABLE pages DROP COLUMN last_use")
+    conn.execute("DELETE FROM meta WHERE name = 'data_bytes'")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    with open_cache(d) as c:
+        assert c.stats().store_data_bytes == total
+    conn = sqlite3.connect(d / "pages.sqlite3")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("SELECT count(*) FROM pages WHERE last_use = 0").fetchone()[0] == 25
+    conn.close()
+    with open_cache(d, size_limit=total // 2) as c:
+        c.flush()
+        assert c.stats().store_data_bytes <= total // 2 and len(c) < 100
+    assert check_directory(str(d)).ok
+
+
 def test_a_page_used_again_outlives_older_ones(tmp_path):
     """LRU on disk: a page read back (faulted in, then evicted from memory
     again) is recorded as used when it leaves memory, so older pages go first."""
