@@ -462,3 +462,59 @@ def test_sigkill_while_evicting_never_brings_back_a_stale_value(tmp_path, mode):
             assert_memory_bound(c)   # recovery filled memory under the same bound
         assert check_directory(str(d)).ok
     assert evictions > 0, "the store never evicted: the test proved nothing"
+
+
+def test_a_page_faulted_in_while_the_store_evicts_it_is_written_back(tmp_path):
+    """The race the write-behind must handle: a get faults a page in (reading
+    the last committed state) while the flush transaction that evicts it is
+    open. The page is then in memory but no longer stored: flush_done has it
+    written again, and every count stays exact."""
+    d = tmp_path / "c"
+    with open_cache(d, page_size=1, max_pages=2, size_limit=10**9) as c:
+        for i in range(10):
+            c[f"k{i}"] = tagged(f"k{i}", i, 10 * KiB)
+        c.flush()
+    c = open_cache(d, page_size=1, max_pages=2, size_limit=6 * (10 * KiB + 64))
+    store = c._store
+    real_evict, real_commit = store._evict, store._commit
+    seen: dict = {}
+
+    def evict(conn, *args, **kwargs):
+        out = real_evict(conn, *args, **kwargs)
+        if out[1] and "pid" not in seen:
+            seen["pid"] = out[1][0][0]   # the first page this transaction evicts
+        return out
+
+    def commit(conn):
+        if "pid" in seen and "key" not in seen:
+            # the cache lock is free while the batcher's transaction is open: a
+            # reader faults the victim in from the last committed state
+            seen["key"] = None
+            for i in range(10):
+                if c._table.get(f"k{i}") is None:
+                    got = c.get(f"k{i}")
+                    if c._table.get(f"k{i}") is not None and \
+                            c._table[f"k{i}"][0].page_id == seen["pid"]:
+                        seen["key"] = f"k{i}"
+                        seen["value"] = got
+                        break
+        return real_commit(conn)
+
+    store._evict, store._commit = evict, commit
+    try:
+        c.flush()                       # culls, with the fault inside its transaction
+        key = seen.get("key")
+        assert key is not None, seen
+        assert seen["value"] == tagged(key, int(key[1:]), 10 * KiB)
+        assert c[key] == seen["value"]  # still served
+        c.flush()                       # ... and written back as a new page
+        assert c._table[key][0].stored_n == 1
+        n = len(c)
+        live = [k for k in (f"k{i}" for i in range(10)) if c.get(k) is not None]
+        assert key in live and n == len(live)
+    finally:
+        c.close()
+    assert check_directory(str(d)).ok
+    with open_cache(d) as c:
+        assert c[key] == tagged(key, int(key[1:]), 10 * KiB)
+        assert len(c) == len([k for k in (f"k{i}" for i in range(10)) if k in c])
