@@ -201,16 +201,22 @@ def opt(req: Requests, slots: int) -> int:
 
 
 def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int],
-           rehome: Sequence[int] = ()) -> dict[str, Any]:
+           rehome: Sequence[int] = (), midpoint: Sequence[int] = ()) -> dict[str, Any]:
     """Hit ratios for the plots and docs/policy.md: entry-level LRU, W-TinyLFU
     and OPT, and durablekv's memory tier per page size under ``policy="lru"``
     (``page_lru``) and ``policy="tinylfu"`` (``page_tinylfu``); for the page
-    sizes in ``rehome`` also page-LRU with re-homing (``page_rehome``)."""
+    sizes in ``rehome`` also page-LRU with re-homing (``page_rehome``), and for
+    those in ``midpoint`` partial pages with midpoint insertion
+    (``page_midpoint``, with its ``page_faults`` beside page-LRU's in
+    ``faults_midpoint`` / ``faults_page_lru``)."""
     out: dict[str, Any] = {"fractions": list(fractions), "slots": [], "lru": [], "opt": [],
                            "tinylfu": [],
                            "page_lru": {str(ps): [] for ps in page_sizes},
                            "page_tinylfu": {str(ps): [] for ps in page_sizes},
-                           "page_rehome": {str(ps): [] for ps in rehome}}
+                           "page_rehome": {str(ps): [] for ps in rehome},
+                           "page_midpoint": {str(ps): [] for ps in midpoint},
+                           "faults_page_lru": {str(ps): [] for ps in midpoint},
+                           "faults_midpoint": {str(ps): [] for ps in midpoint}}
     gets = max(req.gets, 1)
     for f in fractions:
         slots = slots_for(req, f)
@@ -226,6 +232,12 @@ def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int],
         for ps in rehome:
             out["page_rehome"][str(ps)].append(
                 page_rehome(req, ps, -(-slots // ps))["memory_hits"] / gets)
+        for ps in midpoint:
+            pages = -(-slots // ps)
+            m = page_midpoint(req, ps, pages)
+            out["page_midpoint"][str(ps)].append(m["memory_hits"] / gets)
+            out["faults_midpoint"][str(ps)].append(m["page_faults"])
+            out["faults_page_lru"][str(ps)].append(page_lru(req, ps, pages)["page_faults"])
     return out
 
 class _WTinyLFU:
