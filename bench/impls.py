@@ -207,6 +207,59 @@ class DurableKV(Impl):
                 "resident_pages": st.resident_pages}
 
 
+class DurableKVPure(DurableKV):
+    """The same durablekv setup with its pure-Python kernels (the fallback a
+    machine without a C compiler runs), switched per call loop in the same
+    process, so that the native and the fallback runs take turns like any
+    two implementations. Only when the C kernels are built: otherwise the
+    plain adapter already runs the fallback."""
+
+    def __init__(self, base: DurableKV) -> None:
+        super().__init__(base.durability, base.page_size, base.max_entries, base.key,
+                         **base.kwargs)
+        self.key = base.key + "-pure"
+        self.name = base.name.replace("durablekv (", "durablekv fallback (", 1)
+
+    def _pure(self, fn: Callable[..., Any], *args: Any) -> Any:
+        from durablekv._accel import pure_kernels
+        with pure_kernels():
+            return fn(*args)
+
+    def open(self, path: str | None, n_keys: int = 0) -> None:
+        self._pure(super().open, path, n_keys)
+
+    def populate(self, keys: Sequence[str], value: bytes) -> None:
+        self._pure(super().populate, keys, value)
+
+    def loop_get(self, keys: Sequence[str]) -> None:
+        self._pure(super().loop_get, keys)
+
+    def loop_set(self, keys: Sequence[str], value: bytes) -> None:
+        self._pure(super().loop_set, keys, value)
+
+    def loop_delete(self, keys: Sequence[str]) -> None:
+        self._pure(super().loop_delete, keys)
+
+    def loop_mix(self, keys: Sequence[str], is_set: Sequence[bool], value: bytes) -> None:
+        self._pure(super().loop_mix, keys, is_set, value)
+
+    def sync(self) -> None:
+        self._pure(super().sync)
+
+    def quiesce(self) -> None:
+        self._pure(super().quiesce)
+
+    def close(self) -> None:
+        self._pure(super().close)
+
+
+def pure_twins(impls: Sequence[DurableKV]) -> list[DurableKV]:
+    """A :class:`DurableKVPure` for each adapter, when the C kernels run
+    (else none: the adapters themselves run the fallback)."""
+    import durablekv
+    return [DurableKVPure(i) for i in impls] if durablekv.accelerated else []
+
+
 # -- in-memory ------------------------------------------------------------------------
 
 class Dict(Impl):

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from .impls import DurableKV, Impl, competitors
+from .impls import DurableKV, Impl, competitors, pure_twins
 from .util import Scratch, Settings, note, rotate, summarize, timed_ns
 
 CASES = ("get_hit_memory", "get_hit_store", "get_miss", "set", "set_threads", "delete",
@@ -212,8 +212,12 @@ def run(cfg: Settings, scratch: Scratch, redis_port: int | None,
                            label=f"durablekv-store-ps{ps}") for ps in (16, 1)]
         for s in store:
             s.name = f"durablekv (page fault, page_size={s.page_size})"
+        # the fallback's twins of the target cases' adapters, taking turns with them
+        # (--quick: the log adapter's twin only, so the smoke run stays short)
+        pure = dict(zip(("log", "store"), pure_twins(
+            [dkv["log"]] if cfg.mode == "quick" else [dkv["log"], store[0]])))
         others = competitors(redis_port)
-        everyone: list[Impl] = [*dkv.values(), *store, *others]
+        everyone: list[Impl] = [*dkv.values(), *store, *pure.values(), *others]
         opened: list[Impl] = []
         dirs: list[str] = []
         try:
@@ -236,11 +240,13 @@ def run(cfg: Settings, scratch: Scratch, redis_port: int | None,
                     st = s.cache.stats()
                     assert st.pending_pages == 0 and st.dirty_pages == 0, st
             plain = [i for i in others if "set" in i.supports]
+            twin = [pure["log"]] if pure else []
             lineup = {
-                "get_hit_memory": [dkv["log"], *others],
-                "get_hit_store": [*store, *[i for i in others if i.family in ("disk", "server")]],
+                "get_hit_memory": [dkv["log"], *twin, *others],
+                "get_hit_store": [*store, *([pure["store"]] if "store" in pure else []),
+                                  *[i for i in others if i.family in ("disk", "server")]],
                 "get_miss": [dkv["log"], *plain],
-                "set": [dkv["none"], dkv["log"], dkv["fsync"], *plain],
+                "set": [dkv["none"], dkv["log"], *twin, dkv["fsync"], *plain],
                 "set_threads": [dkv["none"], dkv["log"], dkv["fsync"], *plain],
                 "mix_90_10": [dkv["log"], *plain],
                 "delete": [dkv["log"], *plain],

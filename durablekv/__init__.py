@@ -15,6 +15,7 @@ from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, Confi
 from .errors import (RemoteAuthError, RemoteError, RemoteTypeError, RemoteValueError,
                      ServerUnavailableError)
 from .stats import CacheStats
+from ._accel import Acceleration, accelerated
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,8 @@ __all__ = [
     "Cache",
     "ShardedCache",
     "CacheStats",
+    "Acceleration",
+    "accelerated",
     "DurableKVError",
     "CacheLockedError",
     "NamespaceLockedError",

@@ -501,9 +501,11 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                 raise _key_too_long(kb)
             if len(value) > self.max_value_bytes:
                 raise self._value_too_big(key, len(value))
-            vb = b"b" + _U32_PACK(len(value)) + value
+            # The value's encoding (b"b" + u32 length + the bytes) is built
+            # only off the hot path below, which logs the bytes as they are.
+            vb = None
             held = value
-            nbytes = len(kb) + len(vb)
+            nbytes = len(kb) + len(value) + 5
             ck = kb  # a str key's encoding is its canonical key
         else:
             kb, vb, held, nbytes = self._encode_entry(key, value)
@@ -524,7 +526,10 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                         # steps as _append + MemoryTier.update, without the calls.
                         lsn = self._last_lsn + 1
                         if self._log is not None:
-                            self._log.append(lsn, OP_SET, kb, vb, None)
+                            if vb is None:
+                                self._log.append_bytes(lsn, OP_SET, kb, value, None)
+                            else:
+                                self._log.append(lsn, OP_SET, kb, vb, None)
                         self._last_lsn = lsn
                         page.values[ref[1]] = held
                         if type(ref) is list:
@@ -554,6 +559,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                     # miss, a pending clear, or the key filter says so: the
                     # questions _locate asks, with the key already encoded):
                     # insert it without asking _ref again.
+                    if vb is None:
+                        vb = b"b" + _U32_PACK(len(value)) + value
                     lsn_to_sync = self._logged_set(key, kb, vb, held, None, None, nbytes)
                 else:
                     lsn_to_sync = None
@@ -572,6 +579,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             if lsn_to_sync is None:
                 # An expired entry is gone: the key is stored anew (keeping the
                 # new key object, as a dict does for a fresh key), not updated.
+                if vb is None:
+                    vb = b"b" + _U32_PACK(len(value)) + value
                 lsn_to_sync = self._logged_set(key, kb, vb, held, expire_at,
                                                self._ref(key), nbytes)
         if self._sync_writes:

@@ -44,6 +44,8 @@ import pickle
 import struct
 from typing import Any, Callable, Iterable
 
+from ._accel import native as _native
+
 __all__ = [
     "encode_key", "decode_key", "decode_keys", "canonical_key", "check_key",
     "ValueCodec", "SafeCodec", "PickleCodec", "codec_by_name", "MAX_NESTING",
@@ -256,6 +258,14 @@ def decode_keys(blobs: Iterable[bytes]) -> tuple[list[Any], list[int]]:
         1.0 == True``); a str or bytes key's encoding is its canonical key.
     :raises ValueError: a damaged encoding.
     """
+    if _native is not None:
+        # str and int64 keys decoded in C; any other key by decode_key
+        return _native.decode_keys(blobs, decode_key)
+    return _py_decode_keys(blobs)
+
+
+def _py_decode_keys(blobs: Iterable[bytes]) -> tuple[list[Any], list[int]]:
+    """:func:`decode_keys` in Python (the reference the C kernel matches)."""
     keys: list[Any] = []
     others: list[int] = []
     append = keys.append
@@ -432,7 +442,13 @@ class SafeCodec(ValueCodec):
         return self.memory_form(_decode_all(blob), blob)
 
     def memory_forms_from_blobs(self, blobs: Iterable[bytes]) -> list[Any]:
-        """Like the base method; a bytes value costs no call."""
+        """Like the base method; a bytes value costs no call (and, with the
+        C kernels, no Python-level step)."""
+        if _native is not None:
+            return _native.memory_forms(blobs, self.memory_form_from_blob)
+        return self._py_memory_forms_from_blobs(blobs)
+
+    def _py_memory_forms_from_blobs(self, blobs: Iterable[bytes]) -> list[Any]:
         out: list[Any] = []
         append = out.append
         u32 = _U32.unpack_from

@@ -35,6 +35,8 @@ import zlib
 from operator import itemgetter
 from typing import NamedTuple
 
+from ._accel import native as _native
+
 __all__ = ["LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC", "HEADER", "PAYLOAD",
            "encode_record", "list_segments", "read_segment", "scan_segment", "segment_name"]
 
@@ -86,6 +88,23 @@ def list_segments(directory: str) -> list[str]:
 
 
 def encode_record(lsn: int, op: int, key: bytes, value: bytes, expire_at: float | None) -> bytes:
+    """One record's bytes (header and payload, the format above).
+
+    :param key: the key's encoding; :param value: the value's (``b""`` for
+        a delete or clear); :param expire_at: seconds on the cache's clock, or None.
+    :raises struct.error: ``op`` or a length does not fit its field.
+    """
+    if _native is not None:
+        try:
+            return _native.encode_record(lsn, op, key, value, expire_at)
+        except (TypeError, ValueError, OverflowError):
+            pass  # the Python code below raises the error it always has
+    return _py_encode_record(lsn, op, key, value, expire_at)
+
+
+def _py_encode_record(lsn: int, op: int, key: bytes, value: bytes,
+                      expire_at: float | None) -> bytes:
+    """:func:`encode_record` in Python (the reference the C kernel matches)."""
     payload = PAYLOAD.pack(op, _NAN if expire_at is None else expire_at, len(key)) + key + value
     n = len(payload)
     crc = zlib.crc32(payload, zlib.crc32(_LEN_LSN.pack(n, lsn)))
@@ -127,6 +146,29 @@ def read_segment(path: str) -> tuple[list[LogRecord], int, _Damage | None, int]:
 
 def _parse_segment(data: bytes, pos: int | None = None
                    ) -> tuple[list[tuple], int, _Damage | None]:
+    """Parse records from ``pos`` (default: after the magic) to the first
+    damage: ``(records, good_end, damage or None)``, as :func:`_py_parse_segment`.
+
+    The C kernel, where it runs, takes every record the Python parser would
+    take; at the first one it refuses, the Python parser describes the
+    damage, so the errors are the same either way.
+    """
+    if _native is None:
+        return _py_parse_segment(data, pos)
+    start = pos
+    if start is None:
+        if len(data) < len(MAGIC) or data[:len(MAGIC)] != MAGIC:
+            return _py_parse_segment(data, pos)
+        start = len(MAGIC)
+    records, end, stopped = _native.parse_segment(data, start)
+    if not stopped:
+        return records, end, None
+    more, end, damage = _py_parse_segment(data, end)
+    return records + more, end, damage
+
+
+def _py_parse_segment(data: bytes, pos: int | None = None
+                      ) -> tuple[list[tuple], int, _Damage | None]:
     """Parse records from ``pos`` (default: after the magic) to the first damage.
 
     Records come back as plain ``(lsn, op, key, value, expire_at)`` tuples

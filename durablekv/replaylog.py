@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 from dataclasses import dataclass
 
+from ._accel import native as _native
 from ._perms import FILE_MODE
 from .errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
 from .logsegments import (MAGIC, _HEADER_PACK, _LEN_LSN_PACK, _LSN_OF, _NAN, _PAYLOAD_PACK, _crc32,
@@ -382,11 +384,27 @@ class ReplayLog:
 
         :raises LogWriteError: the write failed; nothing was appended.
         """
+        if self._size >= self.segment_bytes:
+            self._roll(lsn)
+        if _WRITE_RECORD is not None and type(self)._write is _WRITE_SEAM:
+            # The C kernel builds the record and writes it (one write(2),
+            # the GIL released as os.write releases it); the Python path
+            # below stays for the fault-injection seam and the fallback.
+            try:
+                written, size = _WRITE_RECORD(self._fd, lsn, op, key, value, expire_at)
+            except OSError as exc:
+                raise LogWriteError(self._path, exc) from exc
+            except (TypeError, ValueError, OverflowError):
+                pass  # arguments the Python code must judge: it raises as it always has
+            else:
+                if written != size:
+                    self._cut_short_write(written, size)
+                self._size += size
+                self._last_lsn = lsn
+                return size
         payload = _PAYLOAD_PACK(op, _NAN if expire_at is None else expire_at, len(key)) + key + value
         n = len(payload)
         record = _HEADER_PACK(n, _crc32(payload, _crc32(_LEN_LSN_PACK(n, lsn))), lsn) + payload
-        if self._size >= self.segment_bytes:
-            self._roll(lsn)
         try:
             written = self._write(self._fd, record)
         except OSError as exc:
@@ -396,6 +414,30 @@ class ReplayLog:
         self._size += len(record)
         self._last_lsn = lsn
         return len(record)
+
+    def append_bytes(self, lsn: int, op: int, key: bytes, raw: bytes,
+                     expire_at: float | None) -> int:
+        """:meth:`append` of the value ``b"b" + u32(len(raw)) + raw`` (the safe
+        codec's encoding of the bytes value ``raw``), without building that
+        encoding first: the set of a bytes value copies it once, into the
+        record. Same record bytes, same errors.
+        """
+        if self._size >= self.segment_bytes:
+            self._roll(lsn)
+        if _WRITE_BYTES_RECORD is not None and type(self)._write is _WRITE_SEAM:
+            try:
+                written, size = _WRITE_BYTES_RECORD(self._fd, lsn, op, key, raw, expire_at)
+            except OSError as exc:
+                raise LogWriteError(self._path, exc) from exc
+            except (TypeError, ValueError, OverflowError):
+                pass  # arguments the Python code must judge
+            else:
+                if written != size:
+                    self._cut_short_write(written, size)
+                self._size += size
+                self._last_lsn = lsn
+                return size
+        return self.append(lsn, op, key, b"b" + _U32_PACK(len(raw)) + raw, expire_at)
 
     def _cut_short_write(self, written: int, size: int) -> None:
         # A short write leaves a torn record: cut it off again so that the
@@ -516,6 +558,14 @@ class ReplayLog:
             self._sealed_bytes = 0
             self._size = 0
             _fsync_dir(self.directory)
+
+
+#: The original write seam: the C kernel writes records only while no test
+#: (or fault injector) has replaced :meth:`ReplayLog._write`.
+_WRITE_SEAM = ReplayLog._write
+_WRITE_RECORD = None if _native is None else _native.write_record
+_WRITE_BYTES_RECORD = None if _native is None else _native.write_bytes_record
+_U32_PACK = struct.Struct("<I").pack
 
 
 def _gone(fd: int, path: str) -> str | None:

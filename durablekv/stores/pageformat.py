@@ -36,6 +36,8 @@ import zlib
 from itertools import accumulate
 from typing import Any, Iterator, Sequence
 
+from .._accel import native as _native
+
 __all__ = ["encode_page", "encode_columns", "decode_page", "split_page", "page_layout",
            "page_columns", "page_crc", "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS",
            "PAGE_SIZE_MAX"]
@@ -107,7 +109,22 @@ def encode_columns(slots: Sequence[int], kbs: Sequence[bytes], vbs: Sequence[byt
     """A version-2 page blob from parallel columns, keys and values already
     in the form ``flags`` names (ASCII_KEYS: bare ASCII text; INT_KEYS: bare
     int64; RAW_BYTES: bare bytes; otherwise their encodings). NO_TTL is
-    added here when no entry has an expire_at."""
+    added here when no entry has an expire_at.
+
+    :raises struct.error: a slot, the entry count or a length does not fit its field.
+    """
+    if _native is not None:
+        data = _native.encode_columns(slots, kbs, vbs, expires, flags)
+        if data is not None:
+            return data
+        # input of a shape the kernel leaves to the code below (which raises
+        # for what does not fit)
+    return _py_encode_columns(slots, kbs, vbs, expires, flags)
+
+
+def _py_encode_columns(slots: Sequence[int], kbs: Sequence[bytes], vbs: Sequence[bytes],
+                       expires: Sequence[float | None], flags: int) -> bytes:
+    """:func:`encode_columns` in Python (the reference the C kernel matches)."""
     n = len(slots)
     if expires.count(None) == n:
         head = _columns(n, False).pack(0xFFFF, n, flags | NO_TTL, *slots,
@@ -219,6 +236,17 @@ def page_columns(data: bytes) -> tuple[Sequence[int], list[float | None], int, l
     :raises ValueError: the blob is damaged (also UnicodeDecodeError for
         ASCII keys that are not ASCII).
     """
+    if _native is not None:
+        cols = _native.page_columns(data)
+        if cols is not None:
+            return cols
+        # damaged, or not a version-2 blob: the code below raises its error
+    return _py_page_columns(data)
+
+
+def _py_page_columns(data: bytes) -> tuple[Sequence[int], list[float | None], int, list[Any],
+                                           list[bytes]]:
+    """:func:`page_columns` in Python (the reference the C kernel matches)."""
     slots, exps, flags, klens, vlens, start = _page_header(data)
     vstart = start + sum(klens)
     if flags & INT_KEYS:

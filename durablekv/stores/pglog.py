@@ -207,6 +207,12 @@ class PgReplayLog:
             self._last_lsn = lsn
         return len(record)
 
+    def append_bytes(self, lsn: int, op: int, key: bytes, raw: bytes,
+                     expire_at: float | None) -> int:
+        """:meth:`ReplayLog.append_bytes`: the value ``raw`` logged as the
+        safe codec's encoding of a bytes value."""
+        return self.append(lsn, op, key, b"b" + len(raw).to_bytes(4, "little") + raw, expire_at)
+
     def sync(self) -> None:
         """Commit everything appended so far."""
         self.sync_to(self._last_lsn)

@@ -1,0 +1,665 @@
+/* durablekv._native: C kernels for the replay log and the page blobs.
+ *
+ * Every function here has a pure-Python twin (durablekv/logsegments.py,
+ * durablekv/codec.py, durablekv/stores/pageformat.py) that stays the
+ * reference: the on-disk bytes are the same byte for byte, and where input
+ * is damaged or of an unusual shape the kernel hands back to the Python
+ * code (returns None, or stops before the record) so that every error and
+ * its message comes from one place. durablekv/_accel.py decides which runs.
+ *
+ * CRC-32 is the zlib polynomial (0xEDB88320, reflected, init and final
+ * xor 0xFFFFFFFF), computed by slicing-by-8 (Kounavis and Berry, "A
+ * Systematic Approach to Building High Performance Software-based CRC
+ * Generators", 2005), so the module needs no library beyond Python's.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <errno.h>
+#include <unistd.h>
+#ifdef DURABLEKV_ZLIB
+#include <zlib.h>
+#endif
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "durablekv._native assumes a little-endian machine; the pure-Python code is used instead"
+#endif
+
+/* ---------------------------------------------------------------- CRC-32 */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = crc_table[0][i];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xFF] ^ (c >> 8);
+            crc_table[t][i] = c;
+        }
+    }
+}
+
+/* zlib.crc32(buf, crc); zlib's own where the build found it (faster on
+ * long input), else slicing-by-8. */
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+#ifdef DURABLEKV_ZLIB
+    if (n >= 256 && n <= 0x7FFFFFFF)
+        return (uint32_t)crc32((uLong)crc, p, (uInt)n);
+#endif
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint32_t a, b;
+        memcpy(&a, p, 4);
+        memcpy(&b, p + 4, 4);
+        a ^= crc;
+        crc = crc_table[7][a & 0xFF] ^ crc_table[6][(a >> 8) & 0xFF] ^
+              crc_table[5][(a >> 16) & 0xFF] ^ crc_table[4][a >> 24] ^
+              crc_table[3][b & 0xFF] ^ crc_table[2][(b >> 8) & 0xFF] ^
+              crc_table[1][(b >> 16) & 0xFF] ^ crc_table[0][b >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+static inline void put_u16(unsigned char *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void put_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline void put_f64(unsigned char *p, double v) { memcpy(p, &v, 8); }
+static inline uint16_t get_u16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t get_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t get_u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline double get_f64(const unsigned char *p) { double v; memcpy(&v, p, 8); return v; }
+
+static PyObject *
+py_crc32(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer buf;
+    unsigned int seed = 0;
+    if (!PyArg_ParseTuple(args, "y*|I:crc32", &buf, &seed))
+        return NULL;
+    uint32_t c = crc32_update(seed, buf.buf, (size_t)buf.len);
+    PyBuffer_Release(&buf);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* ---------------------------------------------------------- log records */
+
+#define HSIZE 16   /* <IIQ length | crc | lsn */
+#define PSIZE 13   /* <BdI op | expire_at | key length */
+#define MAX_RECORD (1ull << 31)
+
+/* Fill ``out`` (HSIZE + PSIZE + klen + vlen bytes) with one record. */
+static void
+build_record(unsigned char *out, uint64_t lsn, unsigned op, double exp,
+             const char *key, Py_ssize_t klen, const char *value, Py_ssize_t vlen,
+             int bytes_tag)
+{
+    /* bytes_tag: the value is a bytes object's raw data, written as the safe
+     * codec's encoding of it (tag 'b', u32 length, the bytes) */
+    Py_ssize_t tag = bytes_tag ? 5 : 0;
+    uint32_t n = (uint32_t)(PSIZE + klen + tag + vlen);
+    unsigned char *pl = out + HSIZE;
+    pl[0] = (unsigned char)op;
+    put_f64(pl + 1, exp);
+    put_u32(pl + 9, (uint32_t)klen);
+    memcpy(pl + PSIZE, key, (size_t)klen);
+    if (bytes_tag) {
+        pl[PSIZE + klen] = 'b';
+        put_u32(pl + PSIZE + klen + 1, (uint32_t)vlen);
+    }
+    memcpy(pl + PSIZE + klen + tag, value, (size_t)vlen);
+    put_u32(out, n);
+    put_u64(out + 8, lsn);
+    /* CRC of <IQ (length, lsn) then the payload: bytes 0..4 then 8..end */
+    uint32_t crc = crc32_update(0, out, 4);
+    crc = crc32_update(crc, out + 8, (size_t)n + 8);
+    put_u32(out + 4, crc);
+}
+
+/* Parse (lsn, op, key, value, expire_at) as struct would, or fail with the
+ * exception struct raises (struct.error is what the Python path raises for an
+ * out-of-range op or key length; the caller falls back to it on any error). */
+static int
+record_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
+            unsigned long long *lsn, unsigned *op, double *exp)
+{
+    if (nargs != 5 && nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "%s takes %s arguments", name,
+                     nargs < 5 ? "more" : "fewer");
+        return -1;
+    }
+    int off = nargs == 6;  /* write_record: fd first */
+    *lsn = PyLong_AsUnsignedLongLong(args[off]);
+    if (*lsn == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    long o = PyLong_AsLong(args[off + 1]);
+    if (o == -1 && PyErr_Occurred())
+        return -1;
+    if (o < 0 || o > 255) {
+        PyErr_SetString(PyExc_OverflowError, "op out of range");
+        return -1;
+    }
+    *op = (unsigned)o;
+    if (!PyBytes_CheckExact(args[off + 2]) || !PyBytes_CheckExact(args[off + 3])) {
+        PyErr_SetString(PyExc_TypeError, "key and value must be bytes");
+        return -1;
+    }
+    PyObject *e = args[off + 4];
+    if (e == Py_None) {
+        *exp = Py_NAN;
+    } else {
+        *exp = PyFloat_AsDouble(e);
+        if (*exp == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    Py_ssize_t klen = PyBytes_GET_SIZE(args[off + 2]), vlen = PyBytes_GET_SIZE(args[off + 3]);
+    if ((unsigned long long)klen > 0xFFFFFFFFull ||
+            (unsigned long long)(PSIZE + klen + vlen) > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "record too large");
+        return -1;
+    }
+    return 0;
+}
+
+/* encode_record(lsn, op, key, value, expire_at) -> bytes */
+static PyObject *
+py_encode_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long lsn;
+    unsigned op;
+    double exp;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "encode_record takes 5 arguments");
+        return NULL;
+    }
+    if (record_args(args, nargs, "encode_record", &lsn, &op, &exp) < 0)
+        return NULL;
+    Py_ssize_t klen = PyBytes_GET_SIZE(args[2]), vlen = PyBytes_GET_SIZE(args[3]);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, HSIZE + PSIZE + klen + vlen);
+    if (out == NULL)
+        return NULL;
+    build_record((unsigned char *)PyBytes_AS_STRING(out), lsn, op, exp,
+                 PyBytes_AS_STRING(args[2]), klen, PyBytes_AS_STRING(args[3]), vlen, 0);
+    return out;
+}
+
+/* write_record(fd, lsn, op, key, value, expire_at) -> (written, size)
+ * write_bytes_record(fd, lsn, op, key, raw, expire_at) -> (written, size)
+ *
+ * Build the record and write it with one write(2), the GIL released around
+ * the call as os.write does; EINTR is retried as os.write does (PEP 475),
+ * running signal handlers first. Raises OSError as os.write.
+ * write_bytes_record logs the value b"b" + u32(len(raw)) + raw (the safe
+ * codec's encoding of a bytes value) without building it first. */
+static PyObject *
+write_any(PyObject *const *args, Py_ssize_t nargs, int bytes_tag, const char *name)
+{
+    unsigned long long lsn;
+    unsigned op;
+    double exp;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "%s takes 6 arguments", name);
+        return NULL;
+    }
+    int fd = PyLong_AsLong(args[0]) ;
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (record_args(args, nargs, name, &lsn, &op, &exp) < 0)
+        return NULL;
+    Py_ssize_t klen = PyBytes_GET_SIZE(args[3]), vlen = PyBytes_GET_SIZE(args[4]);
+    if (bytes_tag && (unsigned long long)(PSIZE + klen + 5 + vlen) > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "record too large");
+        return NULL;
+    }
+    size_t size = (size_t)(HSIZE + PSIZE + klen + (bytes_tag ? 5 : 0) + vlen);
+    unsigned char stack[1024];
+    unsigned char *buf = size <= sizeof stack ? stack : PyMem_RawMalloc(size);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    build_record(buf, lsn, op, exp, PyBytes_AS_STRING(args[3]), klen,
+                 PyBytes_AS_STRING(args[4]), vlen, bytes_tag);
+    ssize_t n;
+    int err;
+    do {
+        Py_BEGIN_ALLOW_THREADS
+        n = write(fd, buf, size);
+        err = errno;
+        Py_END_ALLOW_THREADS
+    } while (n < 0 && err == EINTR && !PyErr_CheckSignals());
+    if (buf != stack)
+        PyMem_RawFree(buf);
+    if (n < 0) {
+        if (!PyErr_Occurred()) {
+            errno = err;
+            PyErr_SetFromErrno(PyExc_OSError);
+        }
+        return NULL;
+    }
+    return Py_BuildValue("(nn)", (Py_ssize_t)n, (Py_ssize_t)size);
+}
+
+static PyObject *
+py_write_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    return write_any(args, nargs, 0, "write_record");
+}
+
+static PyObject *
+py_write_bytes_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    return write_any(args, nargs, 1, "write_bytes_record");
+}
+
+/* parse_segment(data, pos) -> (records, pos, stopped)
+ *
+ * Parses records from ``pos`` exactly as logsegments._parse_segment's
+ * general path takes them; stops at the first record that path would
+ * refuse (``stopped`` True) or at the end of ``data``. The caller lets the
+ * Python parser describe the damage at ``pos``. */
+static PyObject *
+py_parse_segment(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*n:parse_segment", &buf, &pos))
+        return NULL;
+    const unsigned char *d = buf.buf;
+    Py_ssize_t size = buf.len;
+    PyObject *records = PyList_New(0);
+    if (records == NULL)
+        goto fail;
+    /* one seed per length: the CRC of the 4 length bytes */
+    uint32_t last_n = 0, seed = 0;
+    int have_seed = 0;
+    PyObject *last_op[4] = {NULL, NULL, NULL, NULL};
+    int stopped = 0;
+    if (pos < 0)
+        pos = 0;
+    while (pos < size) {
+        if (pos + HSIZE > size) { stopped = 1; break; }
+        const unsigned char *r = d + pos;
+        uint32_t n = get_u32(r), crc = get_u32(r + 4);
+        uint64_t lsn = get_u64(r + 8);
+        if (n < PSIZE || (uint64_t)n > MAX_RECORD) { stopped = 1; break; }
+        Py_ssize_t end = pos + HSIZE + (Py_ssize_t)n;
+        if (end > size) { stopped = 1; break; }
+        if (!have_seed || n != last_n) {
+            seed = crc32_update(0, r, 4);
+            last_n = n;
+            have_seed = 1;
+        }
+        if (crc32_update(seed, r + 8, (size_t)n + 8) != crc) { stopped = 1; break; }
+        unsigned op = r[HSIZE];
+        double exp = get_f64(r + HSIZE + 1);
+        uint32_t klen = get_u32(r + HSIZE + 9);
+        if (op < 1 || op > 3 || (uint64_t)PSIZE + klen > n) { stopped = 1; break; }
+        PyObject *t = PyTuple_New(5);
+        if (t == NULL)
+            goto fail;
+        PyObject *o;
+        if ((o = PyLong_FromUnsignedLongLong(lsn)) == NULL) { Py_DECREF(t); goto fail; }
+        PyTuple_SET_ITEM(t, 0, o);
+        if (last_op[op] == NULL && (last_op[op] = PyLong_FromLong(op)) == NULL) {
+            Py_DECREF(t); goto fail;
+        }
+        Py_INCREF(last_op[op]);
+        PyTuple_SET_ITEM(t, 1, last_op[op]);
+        const char *k = (const char *)r + HSIZE + PSIZE;
+        if ((o = PyBytes_FromStringAndSize(k, klen)) == NULL) { Py_DECREF(t); goto fail; }
+        PyTuple_SET_ITEM(t, 2, o);
+        if ((o = PyBytes_FromStringAndSize(k + klen, (Py_ssize_t)(n - PSIZE - klen))) == NULL) {
+            Py_DECREF(t); goto fail;
+        }
+        PyTuple_SET_ITEM(t, 3, o);
+        if (isnan(exp)) {
+            Py_INCREF(Py_None);
+            o = Py_None;
+        } else if ((o = PyFloat_FromDouble(exp)) == NULL) {
+            Py_DECREF(t); goto fail;
+        }
+        PyTuple_SET_ITEM(t, 4, o);
+        if (PyList_Append(records, t) < 0) { Py_DECREF(t); goto fail; }
+        Py_DECREF(t);
+        pos = end;
+    }
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(last_op[i]);
+    PyBuffer_Release(&buf);
+    {
+        PyObject *res = Py_BuildValue("(NnO)", records, pos, stopped ? Py_True : Py_False);
+        return res;
+    }
+fail:
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(last_op[i]);
+    Py_XDECREF(records);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
+/* ------------------------------------------------------- keys and values */
+
+/* decode_keys(blobs, decode_key) -> (keys, others): codec.decode_keys, with
+ * str and int64 keys decoded here and any other key by ``decode_key``. */
+static PyObject *
+py_decode_keys(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *blobs, *slow;
+    if (!PyArg_ParseTuple(args, "OO:decode_keys", &blobs, &slow))
+        return NULL;
+    PyObject *seq = PySequence_Fast(blobs, "decode_keys needs an iterable of bytes");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *keys = PyList_New(n), *others = PyList_New(0);
+    if (keys == NULL || others == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = items[i], *key = NULL;
+        int other = 0;
+        if (PyBytes_CheckExact(b)) {
+            const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(b);
+            Py_ssize_t len = PyBytes_GET_SIZE(b);
+            if (len >= 5 && p[0] == 's' && (Py_ssize_t)get_u32(p + 1) == len - 5) {
+                key = PyUnicode_DecodeUTF8((const char *)p + 5, len - 5, "surrogatepass");
+                if (key == NULL)
+                    goto fail;
+            } else if (len == 9 && p[0] == 'q') {
+                key = PyLong_FromLongLong((long long)get_u64(p + 1));
+                if (key == NULL)
+                    goto fail;
+                other = 1;
+            }
+        }
+        if (key == NULL) {
+            key = PyObject_CallOneArg(slow, b);
+            if (key == NULL)
+                goto fail;
+            other = !PyBytes_CheckExact(key) && !PyUnicode_CheckExact(key);
+        }
+        PyList_SET_ITEM(keys, i, key);
+        if (other) {
+            PyObject *ix = PyLong_FromSsize_t(i);
+            if (ix == NULL || PyList_Append(others, ix) < 0) {
+                Py_XDECREF(ix);
+                goto fail;
+            }
+            Py_DECREF(ix);
+        }
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(NN)", keys, others);
+fail:
+    Py_DECREF(seq);
+    Py_XDECREF(keys);
+    Py_XDECREF(others);
+    return NULL;
+}
+
+/* memory_forms(blobs, slow) -> list: SafeCodec.memory_forms_from_blobs; a
+ * bytes value's encoding becomes the bytes, anything else slow(blob). */
+static PyObject *
+py_memory_forms(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *blobs, *slow;
+    if (!PyArg_ParseTuple(args, "OO:memory_forms", &blobs, &slow))
+        return NULL;
+    PyObject *seq = PySequence_Fast(blobs, "memory_forms needs an iterable of bytes");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = items[i], *v;
+        const unsigned char *p;
+        Py_ssize_t len;
+        if (PyBytes_CheckExact(b) && (len = PyBytes_GET_SIZE(b)) >= 5 &&
+                (p = (const unsigned char *)PyBytes_AS_STRING(b))[0] == 'b' &&
+                (Py_ssize_t)get_u32(p + 1) == len - 5)
+            v = PyBytes_FromStringAndSize((const char *)p + 5, len - 5);
+        else
+            v = PyObject_CallOneArg(slow, b);
+        if (v == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(seq);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ page blobs */
+
+#define ASCII_KEYS 1
+#define RAW_BYTES 2
+#define NO_TTL 4
+#define INT_KEYS 8
+#define ALL_FLAGS (ASCII_KEYS | RAW_BYTES | NO_TTL | INT_KEYS)
+
+/* page_columns(data) -> (slots, expires, flags, keys, values) or None
+ *
+ * pageformat.page_columns for a valid version-2 blob; None for anything the
+ * Python function would refuse (it then raises the error). */
+static PyObject *
+py_page_columns(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    if (!PyBytes_CheckExact(arg))
+        Py_RETURN_NONE;
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(arg);
+    Py_ssize_t size = PyBytes_GET_SIZE(arg);
+    if (size < 5 || get_u16(d) != 0xFFFF)
+        Py_RETURN_NONE;
+    Py_ssize_t n = get_u16(d + 2);
+    unsigned flags = d[4];
+    int ttl = !(flags & NO_TTL);
+    Py_ssize_t start = 5 + 2 * n + (ttl ? 8 * n : 0) + 8 * n;
+    if (size < start)
+        Py_RETURN_NONE;
+    if ((flags & ~ALL_FLAGS) || ((flags & ASCII_KEYS) && (flags & INT_KEYS)))
+        Py_RETURN_NONE;
+    const unsigned char *sl = d + 5, *ex = sl + 2 * n;
+    const unsigned char *kl = ex + (ttl ? 8 * n : 0), *vl = kl + 4 * n;
+    unsigned long long total = (unsigned long long)start;
+    for (Py_ssize_t i = 0; i < n; i++)
+        total += (unsigned long long)get_u32(kl + 4 * i) + get_u32(vl + 4 * i);
+    if (total != (unsigned long long)size)
+        Py_RETURN_NONE;
+    if (flags & INT_KEYS)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (get_u32(kl + 4 * i) != 8)
+                Py_RETURN_NONE;
+    if (flags & ASCII_KEYS) {
+        Py_ssize_t kend = start;
+        for (Py_ssize_t i = 0; i < n; i++)
+            kend += get_u32(kl + 4 * i);
+        for (Py_ssize_t i = start; i < kend; i++)
+            if (d[i] & 0x80)
+                Py_RETURN_NONE;
+    }
+    PyObject *slots = PyTuple_New(n), *exps = PyList_New(n), *keys = PyList_New(n),
+             *values = PyList_New(n);
+    if (!slots || !exps || !keys || !values)
+        goto fail;
+    Py_ssize_t kp = start, vp = start;
+    for (Py_ssize_t i = 0; i < n; i++)
+        vp += get_u32(kl + 4 * i);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyLong_FromLong(get_u16(sl + 2 * i));
+        if (o == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(slots, i, o);
+        if (ttl) {
+            double e = get_f64(ex + 8 * i);
+            if (isnan(e)) {
+                Py_INCREF(Py_None);
+                o = Py_None;
+            } else if ((o = PyFloat_FromDouble(e)) == NULL) {
+                goto fail;
+            }
+        } else {
+            Py_INCREF(Py_None);
+            o = Py_None;
+        }
+        PyList_SET_ITEM(exps, i, o);
+        Py_ssize_t klen = get_u32(kl + 4 * i), vlen = get_u32(vl + 4 * i);
+        if (flags & INT_KEYS)
+            o = PyLong_FromLongLong((long long)get_u64(d + kp));
+        else if (flags & ASCII_KEYS)
+            o = PyUnicode_DecodeASCII((const char *)d + kp, klen, NULL);
+        else
+            o = PyBytes_FromStringAndSize((const char *)d + kp, klen);
+        if (o == NULL)
+            goto fail;
+        PyList_SET_ITEM(keys, i, o);
+        kp += klen;
+        if ((o = PyBytes_FromStringAndSize((const char *)d + vp, vlen)) == NULL)
+            goto fail;
+        PyList_SET_ITEM(values, i, o);
+        vp += vlen;
+    }
+    return Py_BuildValue("(NNINN)", slots, exps, flags, keys, values);
+fail:
+    Py_XDECREF(slots);
+    Py_XDECREF(exps);
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    return NULL;
+}
+
+/* encode_columns(slots, kbs, vbs, expires, flags) -> bytes or None
+ *
+ * pageformat.encode_columns; None for input the Python function handles
+ * differently (a slot outside u16, an item not bytes, too many entries),
+ * which then runs it and raises its error. */
+static PyObject *
+py_encode_columns(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "encode_columns takes 5 arguments");
+        return NULL;
+    }
+    PyObject *s = args[0], *k = args[1], *v = args[2], *e = args[3];
+    if (!(PyList_CheckExact(s) || PyTuple_CheckExact(s)) ||
+            !(PyList_CheckExact(k) || PyTuple_CheckExact(k)) ||
+            !(PyList_CheckExact(v) || PyTuple_CheckExact(v)) ||
+            !(PyList_CheckExact(e) || PyTuple_CheckExact(e)))
+        Py_RETURN_NONE;
+    long flags = PyLong_AsLong(args[4]);
+    if (flags == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(s);
+    if (n > 0xFFFF || PySequence_Fast_GET_SIZE(k) != n || PySequence_Fast_GET_SIZE(v) != n ||
+            PySequence_Fast_GET_SIZE(e) != n || flags < 0 || flags > 255)
+        Py_RETURN_NONE;
+    PyObject **si = PySequence_Fast_ITEMS(s), **ki = PySequence_Fast_ITEMS(k),
+             **vi = PySequence_Fast_ITEMS(v), **ei = PySequence_Fast_ITEMS(e);
+    int ttl = 0;
+    size_t body = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyLong_CheckExact(si[i]) || !PyBytes_CheckExact(ki[i]) || !PyBytes_CheckExact(vi[i]))
+            Py_RETURN_NONE;
+        if (PyBytes_GET_SIZE(ki[i]) > 0xFFFFFFFFll || PyBytes_GET_SIZE(vi[i]) > 0xFFFFFFFFll)
+            Py_RETURN_NONE;
+        if (ei[i] != Py_None) {
+            if (!PyFloat_CheckExact(ei[i]))
+                Py_RETURN_NONE;
+            ttl = 1;
+        }
+        body += (size_t)PyBytes_GET_SIZE(ki[i]) + (size_t)PyBytes_GET_SIZE(vi[i]);
+    }
+    size_t head = 5 + 2 * (size_t)n + (ttl ? 8 * (size_t)n : 0) + 8 * (size_t)n;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(head + body));
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    put_u16(p, 0xFFFF);
+    put_u16(p + 2, (uint16_t)n);
+    p[4] = (unsigned char)(ttl ? flags : (flags | NO_TTL));
+    unsigned char *sl = p + 5, *ex = sl + 2 * n, *kl = ex + (ttl ? 8 * n : 0), *vl = kl + 4 * n;
+    unsigned char *kp = vl + 4 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long slot = PyLong_AsLong(si[i]);
+        if (slot < 0 || slot > 0xFFFF) {
+            PyErr_Clear();
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        put_u16(sl + 2 * i, (uint16_t)slot);
+        if (ttl)
+            put_f64(ex + 8 * i, ei[i] == Py_None ? Py_NAN : PyFloat_AS_DOUBLE(ei[i]));
+        Py_ssize_t klen = PyBytes_GET_SIZE(ki[i]);
+        put_u32(kl + 4 * i, (uint32_t)klen);
+        put_u32(vl + 4 * i, (uint32_t)PyBytes_GET_SIZE(vi[i]));
+        memcpy(kp, PyBytes_AS_STRING(ki[i]), (size_t)klen);
+        kp += klen;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t vlen = PyBytes_GET_SIZE(vi[i]);
+        memcpy(kp, PyBytes_AS_STRING(vi[i]), (size_t)vlen);
+        kp += vlen;
+    }
+    return out;
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef methods[] = {
+    {"crc32", py_crc32, METH_VARARGS, "crc32(data, seed=0) -> int: zlib.crc32."},
+    {"encode_record", (PyCFunction)(void (*)(void))py_encode_record, METH_FASTCALL,
+     "encode_record(lsn, op, key, value, expire_at) -> bytes: one replay-log record."},
+    {"write_record", (PyCFunction)(void (*)(void))py_write_record, METH_FASTCALL,
+     "write_record(fd, lsn, op, key, value, expire_at) -> (written, size): build one "
+     "record and write it with one write(2); OSError as os.write."},
+    {"write_bytes_record", (PyCFunction)(void (*)(void))py_write_bytes_record, METH_FASTCALL,
+     "write_bytes_record(fd, lsn, op, key, raw, expire_at) -> (written, size): "
+     "write_record of the value b'b' + u32(len(raw)) + raw."},
+    {"parse_segment", py_parse_segment, METH_VARARGS,
+     "parse_segment(data, pos) -> (records, pos, stopped)."},
+    {"decode_keys", py_decode_keys, METH_VARARGS,
+     "decode_keys(blobs, decode_key) -> (keys, others)."},
+    {"memory_forms", py_memory_forms, METH_VARARGS,
+     "memory_forms(blobs, slow) -> list of memory forms (bytes values unwrapped)."},
+    {"page_columns", py_page_columns, METH_O,
+     "page_columns(blob) -> (slots, expires, flags, keys, values), or None when the "
+     "Python code must decide."},
+    {"encode_columns", (PyCFunction)(void (*)(void))py_encode_columns, METH_FASTCALL,
+     "encode_columns(slots, kbs, vbs, expires, flags) -> bytes, or None when the "
+     "Python code must decide."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "durablekv._native",
+    "C kernels for the replay log and page blobs (see durablekv._accel).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    crc_init();
+    return PyModule_Create(&moduledef);
+}

@@ -1,0 +1,323 @@
+"""The C kernels (durablekv._native) and the pure-Python code are one format.
+
+Files written with one implementation are read with the other (replay-log
+segments, store pages, damaged records), and a property test compares
+each kernel with its Python twin on random input, byte for byte and error
+for error. The writer is a real process (tests/format_writer.py) that
+loaded the kernels its environment chose; the reader switches with
+:func:`durablekv._accel.pure_kernels`.
+
+The suite runs twice in CI (.ci/run): as it is, where
+``DURABLEKV_REQUIRE_NATIVE=1`` makes a missing extension a failure, and with
+``DURABLEKV_PURE=1``, where the tests that need both implementations in one
+process skip and every other test runs the fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import durablekv
+from durablekv import Cache, LogCorruptionError, _accel, codec, logsegments
+from durablekv.stores import pageformat
+
+sys.path.insert(0, str(Path(__file__).parent))
+from format_writer import dataset  # noqa: E402
+
+WRITER = Path(__file__).with_name("format_writer.py")
+
+PURE_FORCED = os.environ.get("DURABLEKV_PURE", "") not in ("", "0")
+
+
+def test_accelerated_says_which_implementation_runs():
+    if PURE_FORCED:
+        assert not durablekv.accelerated and durablekv.accelerated.kernels == ()
+        assert "DURABLEKV_PURE" in durablekv.accelerated.reason
+        assert logsegments._native is None and codec._native is None
+    elif os.environ.get("DURABLEKV_REQUIRE_NATIVE", "") not in ("", "0"):
+        assert durablekv.accelerated, durablekv.accelerated.reason
+    if durablekv.accelerated:
+        assert set(durablekv.accelerated.kernels) == set(_accel.KERNELS)
+        assert "native" in repr(durablekv.accelerated)
+
+
+needs_both = pytest.mark.skipif(not durablekv.accelerated,
+                                reason="needs the C kernels and the Python code in one process")
+
+
+def implementation(name: str):
+    """A context that runs the reader's kernels: ``native`` or ``pure``."""
+    return contextlib.nullcontext() if name == "native" else _accel.pure_kernels()
+
+
+def write(directory: Path, writer: str, mode: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DURABLEKV_PURE"}
+    if writer == "pure":
+        env["DURABLEKV_PURE"] = "1"
+    proc = subprocess.run([sys.executable, str(WRITER), str(directory), mode], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "written\n", proc.stderr
+    assert proc.returncode == (-9 if mode == "log" else 0), proc.stderr
+
+
+def check_contents(c: Cache) -> None:
+    _ops, expected = dataset()
+    assert len(c) == len(expected)
+    for key, value in expected.items():
+        got = c.get(key, default=KeyError)
+        assert got == value or (isinstance(value, float) and math.isnan(value)), (key, got)
+        assert type(got) is type(value), (key, got)
+    ops, _ = dataset()
+    for op, key, _v, _e in ops:
+        if op == "delete":
+            assert key not in c
+
+
+@needs_both
+@pytest.mark.parametrize("writer,reader", [("native", "pure"), ("pure", "native")])
+@pytest.mark.parametrize("mode", ["log", "store"])
+def test_one_implementation_reads_what_the_other_wrote(tmp_path, writer, reader, mode):
+    """``log``: the writer was killed before any flush, so the reader's
+    recovery parses and applies every record; ``store``: the writer closed,
+    so the reader page-faults every entry in (4 pages of memory)."""
+    write(tmp_path / "c", writer, mode)
+    with implementation(reader):
+        with Cache(tmp_path / "c", max_pages=4) as c:
+            if mode == "log":
+                assert c.stats().recovered_records == len(dataset()[0])
+            check_contents(c)
+        with Cache(tmp_path / "c", max_pages=4) as c:  # what the reader stored back
+            check_contents(c)
+
+
+@needs_both
+def test_both_write_the_same_log_and_page_bytes(tmp_path):
+    """The same operations give the same segment bytes and the same page blobs."""
+    import sqlite3
+    write(tmp_path / "n", "native", "log")
+    write(tmp_path / "p", "pure", "log")
+    (seg_n,), (seg_p,) = (sorted((tmp_path / d).glob("replay-*.log")) for d in "np")
+    assert seg_n.read_bytes() == seg_p.read_bytes()
+    for d in "np":
+        with implementation("native" if d == "n" else "pure"):
+            Cache(tmp_path / d, max_pages=4).close()
+    pages = [sqlite3.connect(tmp_path / d / "pages.sqlite3").execute(
+        "select page_id, data from pages order by page_id").fetchall() for d in "np"]
+    assert pages[0] and pages[0] == pages[1]
+
+
+def _damaged_log(tmp_path: Path, writer: str) -> Path:
+    write(tmp_path / "c", writer, "log")
+    (seg,) = sorted((tmp_path / "c").glob("replay-*.log"))
+    return seg
+
+
+@needs_both
+@pytest.mark.parametrize("writer", ["native", "pure"])
+def test_damaged_records_are_found_the_same_by_both(tmp_path, writer):
+    seg = _damaged_log(tmp_path, writer)
+    data = seg.read_bytes()
+    # a flipped bit in the middle, a torn tail, a zero-filled tail, garbage
+    cut = len(data) - 37
+    variants = {
+        "flip": data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0x10])
+        + data[len(data) // 2 + 1:],
+        "torn": data[:cut],
+        "zeros": data[:cut] + bytes(4096),
+        "garbage": data[:cut] + os.urandom(300),
+        "magic": b"DKVLOG2\n" + data[8:],
+    }
+    for name, blob in variants.items():
+        got = {}
+        for impl in ("native", "pure"):
+            with implementation(impl):
+                scan = logsegments.scan_segment(blob, 0, None, 1)
+            got[impl] = (scan.records, scan.runs, scan.good_end, scan.intact_after,
+                         None if scan.damage is None else (scan.damage.offset, scan.damage.detail),
+                         [(d.offset, d.detail, r, w) for d, r, w in scan.stepped_over])
+        assert got["native"] == got["pure"], name
+        assert got["native"][4] is not None or got["native"][5], name  # damage found
+
+
+@needs_both
+@pytest.mark.parametrize("writer,reader", [("native", "pure"), ("pure", "native")])
+def test_torn_tail_and_mid_log_damage_at_open(tmp_path, writer, reader):
+    seg = _damaged_log(tmp_path, writer)
+    data = seg.read_bytes()
+    mid = len(data) // 2
+    seg.write_bytes(data[:mid] + bytes([data[mid] ^ 0x01]) + data[mid + 1:])
+    with implementation(reader):
+        with pytest.raises(LogCorruptionError) as info:
+            Cache(tmp_path / "c", max_pages=4)
+    seg.write_bytes(data[:-5])  # the last record torn by the crash
+    with implementation(reader):
+        with Cache(tmp_path / "c", max_pages=4) as c:
+            s = c.stats()
+            assert s.recovered_records == len(dataset()[0]) - 1 and s.torn_records == 1
+    assert info.value.offset > 0
+
+
+# -- the kernels against their Python twins, on random input ----------------------
+
+_SETTINGS = settings(max_examples=300, deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow])
+_exp = st.one_of(st.none(), st.floats(allow_nan=False), st.just(float("nan")))
+
+
+def _both(fn_native, fn_pure, *args):
+    """Each implementation's result, or its exception's type and message."""
+    out = []
+    for fn in (fn_native, fn_pure):
+        try:
+            out.append(("ok", fn(*args)))
+        except Exception as exc:  # the comparison is the point
+            out.append((type(exc), str(exc)))
+    return out
+
+
+@needs_both
+@_SETTINGS
+@given(lsn=st.integers(0, 2 ** 64 - 1), op=st.integers(0, 255), key=st.binary(max_size=300),
+       value=st.binary(max_size=3000), exp=_exp)
+def test_encode_record_matches(lsn, op, key, value, exp):
+    a = logsegments.encode_record(lsn, op, key, value, exp)
+    b = logsegments._py_encode_record(lsn, op, key, value, exp)
+    assert a == b
+
+
+@needs_both
+def test_write_record_matches_encode(tmp_path):
+    from durablekv._accel import native
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        want = b""
+        for lsn, (k, v, e) in enumerate([(b"k", b"v", None), (b"", b"", 1.5),
+                                         (b"x" * 600, b"y" * 70000, float("inf"))], 1):
+            written, size = native.write_record(fd, lsn, 1, k, v, e)
+            rec = logsegments._py_encode_record(lsn, 1, k, v, e)
+            assert written == size == len(rec)
+            want += rec
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == want
+    with pytest.raises(OSError):
+        native.write_record(fd, 1, 1, b"k", b"v", None)  # closed: EBADF, as os.write
+
+
+_records = st.lists(st.tuples(st.integers(1, 3), st.binary(max_size=40), st.binary(max_size=200),
+                              _exp), max_size=12)
+
+
+@needs_both
+@_SETTINGS
+@given(records=_records, cut=st.integers(0, 10 ** 6), flips=st.lists(
+    st.tuples(st.integers(0, 10 ** 6), st.integers(1, 255)), max_size=3),
+    tail=st.binary(max_size=40), same_shape=st.booleans())
+def test_parse_segment_matches(records, cut, flips, tail, same_shape):
+    if same_shape and records:  # runs of one shape take the Python parser's fast path
+        records = [records[0]] * len(records)
+    data = bytearray(logsegments.MAGIC + b"".join(
+        logsegments._py_encode_record(i + 1, op, k, v, e) for i, (op, k, v, e) in
+        enumerate(records)))
+    for at, x in flips:
+        if data:
+            data[at % len(data)] ^= x
+    blob = bytes(data[:cut % (len(data) + 1)] + tail) if cut % 3 else bytes(data)
+    got = []
+    for impl in ("native", "pure"):
+        with implementation(impl):
+            recs, end, damage = logsegments._parse_segment(blob)
+        got.append((_nan_safe(recs), end,
+                    None if damage is None else (damage.offset, damage.detail)))
+    assert got[0] == got[1]
+
+
+def _nan_safe(records):
+    return [tuple("nan" if isinstance(x, float) and x != x else x for x in r) for r in records]
+
+
+_keys = st.one_of(st.text(max_size=20), st.binary(max_size=20), st.integers(-2 ** 70, 2 ** 70),
+                  st.floats(allow_nan=False), st.none(), st.booleans(),
+                  st.tuples(st.text(max_size=5), st.integers()))
+
+
+@needs_both
+@_SETTINGS
+@given(keys=st.lists(_keys, max_size=20), junk=st.lists(st.binary(max_size=12), max_size=3))
+def test_decode_keys_matches(keys, junk):
+    blobs = [codec.encode_key(k) for k in keys] + junk
+    a, b = _both(codec.decode_keys, codec._py_decode_keys, blobs)
+    if a[0] == "ok":
+        assert _nan_safe([a[1][0]]) == _nan_safe([b[1][0]]) and a[1][1] == b[1][1]
+        assert list(map(type, a[1][0])) == list(map(type, b[1][0]))
+    else:
+        assert a == b
+
+
+_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+              st.text(max_size=30), st.binary(max_size=300)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=10)
+
+
+@needs_both
+@_SETTINGS
+@given(values=st.lists(_values, max_size=20), junk=st.lists(st.binary(max_size=12), max_size=2))
+def test_memory_forms_match(values, junk):
+    c = codec.SafeCodec()
+    blobs = [c.encode(v) for v in values] + junk
+    a, b = _both(c.memory_forms_from_blobs, c._py_memory_forms_from_blobs, blobs)
+    if a[0] == "ok":
+        norm = [x.blob if type(x) is codec.Frozen else x for x in a[1]]
+        assert norm == [x.blob if type(x) is codec.Frozen else x for x in b[1]]
+    else:
+        assert a == b
+
+
+_entries = st.lists(st.tuples(_keys, st.binary(max_size=200), st.one_of(st.none(),
+                    st.floats(allow_nan=False))), max_size=20, unique_by=lambda e: repr(e[0]))
+
+
+@needs_both
+@_SETTINGS
+@given(entries=_entries, ascii_keys=st.booleans(), flips=st.lists(
+    st.tuples(st.integers(0, 10 ** 5), st.integers(1, 255)), max_size=2),
+    cut=st.integers(-3, 3))
+def test_page_blobs_match(entries, ascii_keys, flips, cut):
+    if ascii_keys:
+        entries = [(f"key{i}", v, e) for i, (_k, v, e) in enumerate(entries)]
+    encoded = [(slot, codec.encode_key(k), b"b" + struct.pack("<I", len(v)) + v, e)
+               for slot, (k, v, e) in enumerate(entries)]
+    # encode_page -> encode_columns: the kernel and the Python twin, same bytes
+    blobs = []
+    for impl in ("native", "pure"):
+        with implementation(impl):
+            blobs.append(pageformat.encode_page(encoded))
+    assert blobs[0] == blobs[1]
+    data = bytearray(blobs[0])
+    for at, x in flips:
+        data[at % len(data)] ^= x
+    data = bytes(data[:len(data) + cut]) if cut < 0 else bytes(data) + b"\x01" * cut
+    a, b = _both(pageformat.page_columns, pageformat._py_page_columns, data)
+    assert _nan_safe([a]) == _nan_safe([b])
+
+
+@needs_both
+def test_encode_columns_refusals_match():
+    """Input the kernel leaves to the Python code gets the Python code's error."""
+    for args in [([70000], [b"k"], [b"v"], [None], 0), ([1, 2], [b"k"], [b"v"], [None], 0),
+                 ([1], ["k"], [b"v"], [None], 0), ([1], [b"k"], [b"v"], [3], 0)]:
+        a, b = _both(pageformat.encode_columns, pageformat._py_encode_columns, *args)
+        assert a == b, args
