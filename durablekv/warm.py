@@ -196,6 +196,22 @@ def _write_file(directory: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def check_wait_timeout(timeout: object) -> float:
+    """``wait_warm(timeout=...)``'s argument as float seconds (not None).
+
+    :raises TypeError: not a number.
+    :raises ValueError: negative, NaN or infinite.
+    """
+    if type(timeout) is bool or not isinstance(timeout, (int, float)):
+        raise TypeError(f"wait_warm() timeout must be a number of seconds or None, "
+                        f"got {type(timeout).__name__}")
+    timeout = float(timeout)
+    if not 0 <= timeout < math.inf:  # (False for NaN)
+        raise ValueError(f"wait_warm() timeout must be a finite number of seconds "
+                         f">= 0, got {timeout!r}; pass None to wait until it ends")
+    return timeout
+
+
 class WarmRestart:
     """Saving the residency list and the preload thread (mixed into
     :class:`~durablekv.cache.Cache`; see the module docstring)."""
@@ -213,6 +229,7 @@ class WarmRestart:
         self._residency_saved_at = -float("inf")
         self._residency_saved_ticks = -1
         self._residency_saves = 0
+        self._warm_rest: list[int] = []  # listed pages a close kept the preload from
 
     def _warm_start(self) -> None:
         """Start the preload (end of ``_open``, recovery done): a thread that
@@ -245,13 +262,7 @@ class WarmRestart:
         tests, benchmarks and callers that want a warm tier before serving.
         """
         if timeout is not None:
-            if type(timeout) is bool or not isinstance(timeout, (int, float)):
-                raise TypeError(f"wait_warm() timeout must be a number of seconds or None, "
-                                f"got {type(timeout).__name__}")
-            timeout = float(timeout)
-            if not 0 <= timeout < math.inf:  # (False for NaN)
-                raise ValueError(f"wait_warm() timeout must be a finite number of seconds "
-                                 f">= 0, got {timeout!r}; pass None to wait until it ends")
+            timeout = check_wait_timeout(timeout)
         return self._warm_done.wait(timeout)
 
     def _warm_gate(self) -> None:
@@ -296,7 +307,11 @@ class WarmRestart:
         while pos < len(ids):
             self._warm_gate()
             with self._lock:
-                if self._state is not _OPEN or self._clear_pending:
+                if self._clear_pending:
+                    return
+                if self._state is not _OPEN:
+                    # closing: the list saved at close keeps what was not read
+                    self._warm_rest = ids[pos:]
                     return
                 room = tier.max_pages - tier.resident
                 if room <= 0:
@@ -346,7 +361,15 @@ class WarmRestart:
             pages = list(self._tier.pages.values())
         live = [(p.stamp, p.page_id) for p in pages if p.state == RESIDENT and p.heap_stamp >= 0]
         live.sort(reverse=True)
-        return [pid for _, pid in live]
+        out = [pid for _, pid in live]
+        if self._warm_rest:
+            # a close stopped the preload: the pages it did not get to stay
+            # listed, after every page in memory (a quick open and close must
+            # not leave a colder list than it found)
+            have = set(out)
+            out += [pid for pid in self._warm_rest if pid not in have]
+            del out[self._tier.max_pages:]
+        return out
 
     def _save_residency(self) -> bool:
         """Write the residency list now; True when written. A failure is
@@ -375,8 +398,10 @@ class WarmRestart:
         if self._warm_thread is not None and not self._warm_done.is_set():
             return  # while preloading, the list on disk is still the better one
         self._residency_saved_at = now
-        self._residency_saved_ticks = ticks
-        self._save_residency()
+        if self._save_residency():
+            # after the write: whoever sees it knows a list taken after
+            # tick ``ticks`` is on disk (tests/warm_writer.py waits for it)
+            self._residency_saved_ticks = ticks
 
     def _residency_at_close(self) -> None:
         """Clean close (batcher stopped, preload stopped): save the final list."""
