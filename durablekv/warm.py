@@ -56,8 +56,6 @@ import sys
 import threading
 import time
 import zlib
-from typing import TYPE_CHECKING
-
 from ._perms import FILE_MODE
 import math
 
@@ -65,9 +63,6 @@ from .config import _OPEN, _REAL_MONOTONIC
 from .errors import CorruptStoreError, StoreError
 from .pages import RESIDENT
 from .recovery import _count_of
-
-if TYPE_CHECKING:
-    from .cache import Cache
 
 __all__ = ["RESIDENCY_FILE", "RESIDENCY_INTERVAL", "WARM_BATCH", "MAX_LISTED_PAGES",
            "encode_residency", "decode_residency"]
