@@ -298,3 +298,16 @@ def test_the_postgresql_store_comes_back_warm(pg, pg_ns, tmp_path):
         assert _order(c) == before and c.stats().warmed_pages == 8
         assert c.stats().page_faults == 0
         assert all(c[f"k{i}"] == b"v%d" % i for i in range(200))
+
+
+def test_async_cache_waits_for_the_preload(tmp_path):
+    import asyncio
+    from durablekv.aio import AsyncCache
+    d = tmp_path / "c"
+    before = _fill(d, reads=READS)
+
+    async def main():
+        async with AsyncCache(d, max_pages=8, flush_interval=30.0) as c:
+            assert await c.wait_warm(DEADLINE)
+            return _order(c.cache), c.cache.stats().warmed_pages
+    assert asyncio.run(main()) == (before, 8)
