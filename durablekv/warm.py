@@ -285,7 +285,8 @@ class WarmRestart:
                 return []
             return decode_residency(data, self.page_size)
         except (ValueError, OSError) as exc:
-            self._residency_errors += 1
+            with self._lock:
+                self._residency_errors += 1
             log.warning("residency list %s is ignored (%s): it is only a hint of which pages "
                         "were in memory, so the memory tier starts cold; nothing stored is "
                         "affected, and the next save replaces it", path, exc)
@@ -372,7 +373,8 @@ class WarmRestart:
         try:
             _write_file(self.path, encode_residency(self._residency(), self.page_size))
         except OSError as exc:
-            self._residency_errors += 1
+            with self._lock:
+                self._residency_errors += 1
             log.warning("could not save the residency list of %s (%r); a restart will find "
                         "the memory tier colder than it was", self.path, exc)
             return False
