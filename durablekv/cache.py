@@ -218,7 +218,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             # the mode its owner gave it (see docs/files.md)
             os.makedirs(path, mode=DIR_MODE, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
+            raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}; create it "
+                              "yourself, or name a directory this user may write in") from exc
         if self._store_url is None:
             _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
         try:

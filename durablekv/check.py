@@ -64,6 +64,28 @@ class CheckResult:
         self.lines.append(f"ERROR   {msg}")
 
 
+def _check_shards(directory: str, r: CheckResult) -> CheckResult:
+    """Check every shard of a :class:`~durablekv.ShardedCache` directory, one
+    after another; each line names its shard. ``ok``/``damaged`` are the worst
+    over the shards."""
+    from .errors import ConfigError
+    from .sharded import _read_shard_count, _shard_dir
+    try:
+        n = _read_shard_count(directory)
+    except ConfigError as exc:
+        r.bad(str(exc))
+        return _finish(r)
+    assert n is not None  # the SHARDS file is there
+    r.note(f"{directory} is a ShardedCache directory of {n} shards; checking each")
+    for i in range(n):
+        name = _shard_dir(i)
+        sub = check_directory(os.path.join(directory, name))
+        r.ok = r.ok and sub.ok
+        r.damaged = r.damaged or sub.damaged
+        r.lines.extend(f"{line[:8]}{name}: {line[8:]}" for line in sub.lines)
+    return _finish(r)
+
+
 def check_directory(directory: str) -> CheckResult:
     """Verify ``directory``; see the module docstring. Never raises for damage."""
     r = CheckResult()
@@ -82,8 +104,7 @@ def check_directory(directory: str) -> CheckResult:
             or os.path.exists(os.path.join(directory, LOCK_FILE))):
         hint = ""
         if os.path.exists(os.path.join(directory, "SHARDS")):
-            hint = ("; it is a ShardedCache directory: check each shard, e.g. "
-                    f"durablekv check {os.path.join(directory, 'shard-00')}")
+            return _check_shards(directory, r)
         r.error(f"{directory} is not a durablekv cache directory (no {STORE_FILE}, no log)"
                 + hint)
         return _finish(r)

@@ -1,4 +1,5 @@
-"""durablekv command line: replay cache traces, check and salvage cache directories.
+"""durablekv command line: replay cache traces, check and salvage cache directories,
+serve one over HTTP, and run the LLM KV-block bench.
 
 ``durablekv replay [TRACE]`` replays a cache access trace (or, with no TRACE,
 a generated Zipf workload) through a Cache as look-aside caching and reports
@@ -6,6 +7,8 @@ hit ratios by tier, evictions, page faults, flushes, throughput and latency.
 ``durablekv check DIR`` verifies a closed cache directory.
 ``durablekv salvage DIR`` opens a cache whose replay log is damaged with
 ``salvage_log=True`` and closes it again, writing nothing else.
+``durablekv serve DIR`` serves a cache over HTTP; ``durablekv llm-bench``
+runs the LLM KV-block workload.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import shutil
 import signal
 import sys
+import textwrap
 import tempfile
 import threading
 import time
@@ -219,13 +223,19 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         return f"{100 * x:6.2f} %"
 
     slots = r.get("memory_slots", r["page_size"] * r["max_pages"])
-    if r.get("policy", "lru") != "lru":
-        tier = f"the memory tier runs {r['policy']} over pages of {r['page_size']}"
-    elif r["page_size"] == 1:
-        tier = "the memory tier is exactly such an LRU"
+    if r["page_size"] == 1:
+        compare = f"<- compare this one with an LRU cache of {slots:,} entries"
+        tier = ("the memory tier is exactly such an LRU" if r.get("policy", "lru") == "lru"
+                else f"the memory tier runs {r['policy']} over {slots:,} entries")
     else:
-        tier = (f"the memory tier evicts whole pages of {r['page_size']}; --page-size 1 "
-                "makes it exactly such an LRU")
+        # A page fault brings back a whole page from the store, so a faulted
+        # key's neighbours then hit in memory: a single-tier LRU of this many
+        # entries has no such store to read them from.
+        compare = "<- not an LRU figure at this page size"
+        tier = (f"a page fault reads back all {r['page_size']} entries of a page from the store, "
+                f"so neighbours of a faulted key count as memory hits; for a figure to compare "
+                f"with an LRU cache of {slots:,} entries, replay with --page-size 1 "
+                f"--max-pages {slots}")
     lines = [
         f"trace              {r['trace']} ({r['format']})",
         f"cache              page_size={r['page_size']} max_pages={r['max_pages']} "
@@ -234,9 +244,8 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         f"deletes {r['deletes']:,})",
         # The memory tier is the cache of bounded size; the store never
         # evicts, so the overall ratio is no LRU figure.
-        f"memory hit ratio   {pct(r['memory_hit_ratio'])} of gets  <- compare this one with an "
-        f"LRU cache of {slots:,} entries",
-        f"                   ({tier})",
+        f"memory hit ratio   {pct(r['memory_hit_ratio'])} of gets  {compare}",
+        *(f"                   {line}" for line in textwrap.wrap(f"({tier})", 70)),
         f"overall hit ratio  {pct(r['hit_ratio'])} of gets  (memory + store "
         f"{pct(r['store_hit_ratio']).strip()}: the store never evicts,",
         "                   so this is the hit ratio of an unbounded cache, not of one this size)",
@@ -374,7 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pages resident in memory (default 4096)")
     p.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
                    help="the memory tier's replacement policy (default lru; docs/policy.md)")
-    p.add_argument("--durability", choices=("fsync", "log", "none"), default="log")
+    p.add_argument("--durability", choices=("fsync", "log", "none"), default="log",
+                   help="what a set survives: fsync (power loss), log (a killed process; the "
+                   "default), none (no replay log); see docs/durability.md")
     p.add_argument("--flush-interval", type=_positive_float, default=0.05,
                    help="seconds between write-behind flushes (default 0.05)")
     p.add_argument("--value-size", type=_positive_int, default=100,
@@ -405,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the directory; `durablekv salvage DIR` salvages without replaying")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="always show a progress bar (default: only on a terminal)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="never show a progress bar")
     p.set_defaults(func=_cmd_replay)
 
     c = sub.add_parser("check", help="verify a closed cache directory",
@@ -444,8 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "durablekv / after a restart. See docs/llm.md.")
     b.add_argument("--json", metavar="OUT", help="also write the report as JSON to this file")
     b.add_argument("--quick", action="store_true", help="a small run (a few seconds), no plots")
-    b.add_argument("--plots", metavar="DIR", help="write PNG plots here (default: docs/bench "
-                   "when run from the repository, except with --quick)")
+    b.add_argument("--plots", metavar="DIR", help="also write PNG plots into DIR (needs "
+                   "matplotlib: pip install '.[bench]'; default: no plots)")
     b.add_argument("--repeats", type=_positive_int, help="runs per configuration (default 3; "
                    "1 with --quick); medians with min/max")
     b.add_argument("--output-spread", type=_float_between(0.0, 1.0),
@@ -453,7 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="workload and weight seed (default 0)")
     b.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="always show a progress bar (default: only on a terminal)")
-    b.add_argument("--no-progress", dest="progress", action="store_false")
+    b.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="never show a progress bar")
     b.set_defaults(func=_cmd_llm_bench)
     for sp in (p, c, s, b):
         sp.set_defaults(flags=frozenset(sp._option_string_actions))

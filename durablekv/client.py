@@ -50,6 +50,11 @@ _ERROR_CLASSES = {401: RemoteAuthError, 400: RemoteValueError, 413: RemoteValueE
 def _path(key: str) -> str:
     if not isinstance(key, str):
         raise TypeError(f"keys over HTTP are str, got {type(key).__name__} {key!r}")
+    if not key:
+        raise ValueError("the key is empty; HTTP keys are non-empty str")
+    if key.endswith("/incr"):
+        raise ValueError(f"key {key!r} ends in '/incr', which the HTTP API keeps for "
+                         "POST /v1/keys/KEY/incr; choose a key that does not end so")
     return "/v1/keys/" + quote(key, safe="")
 
 
@@ -263,6 +268,11 @@ class Client(_Base):
     def metrics(self) -> str:
         """The ``/metrics`` text."""
         return self._do(_op_plain("/metrics"))
+
+    def __iter__(self) -> Any:
+        # Without this, iter() would fall back to __getitem__(0), (1), ...
+        raise TypeError("a durablekv Client is not iterable: the HTTP API does not list "
+                        "keys (iterate over a Cache in the server's process instead)")
 
     def __getitem__(self, key: str) -> Any:
         value = self.get(key, _MISSING)

@@ -427,7 +427,9 @@ def serve(*caches: Any, port: int = 9109, addr: str = "127.0.0.1") -> MetricsSer
     :returns: a :class:`MetricsServer`; ``close()`` it (or use ``with``).
     :raises MetricsServeError: (an ``OSError``) the port is taken or the
         address cannot be bound; the message names them and what to do.
-    :raises ValueError: two caches share a ``name``.
+    :raises ValueError: two caches share a ``name``, or ``port`` is not 0..65535.
     """
+    if type(port) is not int or not 0 <= port <= 65535:
+        raise ValueError(f"port={port!r}: a TCP port is an int 0..65535 (0 picks a free one)")
     return MetricsServer(CacheCollector(*caches), addr, port)
 

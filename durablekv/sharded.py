@@ -162,7 +162,8 @@ class ShardedCache(MutableMapping):
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}") from exc
+            raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}; create it "
+                              "yourself, or name a directory this user may write in") from exc
         stored = _read_shard_count(path)
         plain = [f for f in os.listdir(path)
                  if f == "pages.sqlite3" or (f.startswith("replay-") and f.endswith(".log"))]

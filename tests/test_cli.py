@@ -102,9 +102,19 @@ def test_report_leads_with_the_memory_hit_ratio_the_one_an_lru_compares_with(tmp
 def test_report_says_a_page_grained_memory_tier_is_not_an_exact_lru(tmp_path, capsys):
     replay_json(tmp_path, "--requests", "2000", "--keys", "500", "--page-size", "4",
                 "--max-pages", "20")
-    out = capsys.readouterr().out
-    assert "LRU cache of 80 entries" in out and "whole pages of 4" in out
-    assert "--page-size 1 makes it exactly such an LRU" in out
+    out = " ".join(capsys.readouterr().out.split())   # unwrap the report's lines
+    assert "not an LRU figure at this page size" in out
+    assert "all 4 entries of a page" in out and "LRU cache of 80 entries" in out
+    assert "replay with --page-size 1 --max-pages 80" in out
+    assert "compare this one" not in out
+
+
+def test_report_at_page_size_1_is_the_lru_figure(tmp_path, capsys):
+    replay_json(tmp_path, "--requests", "2000", "--keys", "500", "--page-size", "1",
+                "--max-pages", "80")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "compare this one with an LRU cache of 80 entries" in out
+    assert "the memory tier is exactly such an LRU" in out
 
 
 def test_replay_cachelib_sample_with_ttls_and_deletes(tmp_path):

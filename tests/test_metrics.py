@@ -668,3 +668,12 @@ def test_register_refuses_a_second_cache_of_the_same_name_and_names_the_fix(tmp_
     other.register(CacheCollector(StubCache("x")))
     with pytest.raises(ValueError, match=r"durablekv.metrics.register\(registry, cache\)"):
         register(other, StubCache("y"))
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 99999, 1.5, "9109", True])
+def test_serve_refuses_a_port_outside_0_to_65535(tmp_path, port):
+    from durablekv import Cache
+    from durablekv.metrics import serve
+    with Cache(tmp_path / "c") as cache:
+        with pytest.raises(ValueError, match="0..65535"):
+            serve(cache, port=port)

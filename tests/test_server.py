@@ -294,6 +294,13 @@ def test_client_mapping_and_errors(server, key):
         res = kv.batch([{"op": "set", "key": key, "value": b"\x01"}, {"op": "get", "key": key}])
         assert res[1] == {"status": 200, "value": b"\x01"}
         assert "durablekv_http_requests_total" in kv.metrics()
+        with pytest.raises(TypeError, match="not iterable"):
+            list(kv)
+        for bad in ("", key + "/incr"):
+            with pytest.raises(ValueError, match="empty|ends in '/incr'"):
+                kv.set(bad, 1)
+            with pytest.raises(ValueError, match="empty|ends in '/incr'"):
+                kv.get(bad)
     with Client(server.url) as anon, pytest.raises(RemoteAuthError) as ei:
         anon.get(key)
     assert isinstance(ei.value, PermissionError) and ei.value.status == 401
@@ -423,3 +430,33 @@ def test_serve_on_a_file_says_it_is_a_file(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "is a file, not a directory" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_path_that_is_not_utf8_is_a_400_not_another_key(http):
+    # %FF, %FE and a real U+FFFD must not all name the key '\ufffd'
+    real = "/v1/keys/" + quote("\ufffd", safe="")
+    assert http.put(real, content=b"the real U+FFFD").status_code == 204
+    for bad in ("/v1/keys/%FF", "/v1/keys/%FE", "/v1/keys/a%C3", "/v1/keys/%FF/incr"):
+        for method in ("GET", "PUT", "HEAD", "DELETE", "POST"):
+            r = http.request(method, bad, content=b"x")
+            assert r.status_code == 400, (method, bad, r.status_code)
+            if method != "HEAD":
+                assert error_of(r)["error"] == "bad key"
+                assert "UTF-8" in error_of(r)["detail"]
+    assert http.get(real).content == b"the real U+FFFD"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "99999"], "a port is 0..65535"),
+    (["--port", "-1"], "a port is 0..65535"),
+    (["--port", "http"], "a port is a whole number"),
+    (["--shutdown-timeout", "-1"], "finite number >= 0"),
+    (["--request-timeout", "nan"], "finite number >= 0"),
+    (["--policy", "fifo"], "invalid choice: 'fifo'"),
+])
+def test_serve_refuses_bad_options_in_one_line(tmp_path, args, message):
+    out = subprocess.run([sys.executable, "-m", "durablekv", "serve", str(tmp_path / "c"), *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "c").exists()

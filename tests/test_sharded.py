@@ -315,17 +315,36 @@ def test_thread_scaling_bench_runs(tmp_path, capsys):
     assert "| log | 2 |" in capsys.readouterr().out
 
 
-def test_a_plain_cache_directory_is_refused_and_check_points_at_the_shards(tmp_path, capsys):
+def test_a_plain_cache_directory_is_refused_and_check_walks_the_shards(tmp_path, capsys):
     with Cache(tmp_path / "plain") as c:
         c["a"] = 1
     with pytest.raises(ConfigError, match="holds a plain Cache"):
         ShardedCache(tmp_path / "plain")
     assert "SHARDS" not in os.listdir(tmp_path / "plain")  # nothing was written
-    ShardedCache(tmp_path / "s", shards=2).close()
-    out = subprocess.run([sys.executable, "-m", "durablekv", "check", str(tmp_path / "s")],
-                         capture_output=True, text=True)
-    assert out.returncode != 0 and "ShardedCache directory" in out.stdout + out.stderr
-    assert "shard-00" in out.stdout + out.stderr
+    with ShardedCache(tmp_path / "s", shards=3) as s:
+        s.update({i: i for i in range(200)})
+
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "durablekv", "check", str(tmp_path / "s")],
+                              capture_output=True, text=True)
+    out = check()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ShardedCache directory of 3 shards" in out.stdout
+    for i in range(3):
+        assert f"shard-0{i}: " in out.stdout
+    assert out.stdout.splitlines()[-1] == "result  healthy"
+    # a flipped bit in one shard's page makes the whole directory DAMAGED (exit 1)
+    import sqlite3
+    conn = sqlite3.connect(tmp_path / "s" / "shard-01" / "pages.sqlite3")
+    with conn:
+        page_id, data = conn.execute("SELECT page_id, data FROM pages LIMIT 1").fetchone()
+        data = bytearray(data)
+        data[len(data) // 2] ^= 0x10
+        conn.execute("UPDATE pages SET data = ? WHERE page_id = ?", (bytes(data), page_id))
+    conn.close()
+    out = check()
+    assert out.returncode == 1, out.stdout
+    assert "DAMAGE  shard-01: " in out.stdout and out.stdout.splitlines()[-1] == "result  DAMAGED"
 
 
 def test_a_plain_cache_refuses_a_sharded_directory(tmp_path):

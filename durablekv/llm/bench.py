@@ -503,13 +503,7 @@ def _print_report(r: dict[str, Any], out=None) -> None:
 def main(args: argparse.Namespace) -> int:
     """The ``durablekv llm-bench`` command (arguments from :mod:`durablekv.cli`)."""
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    plots = args.plots
-    if plots is None and not args.quick:
-        plots = os.path.join("docs", "bench") if os.path.isdir("docs") else None
-        if plots is not None and importlib.util.find_spec("matplotlib") is None:
-            print("durablekv: llm-bench: matplotlib is not installed, so no plots are made "
-                  "(pip install '.[bench]' for them)", file=sys.stderr)
-            plots = None
+    plots = args.plots   # only where asked: a run never overwrites committed plots by default
     # Refuse what would fail after minutes of work, before any of it.
     if args.plots is not None and importlib.util.find_spec("matplotlib") is None:
         print(f"durablekv: llm-bench --plots {args.plots} needs matplotlib, which is not "

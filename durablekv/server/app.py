@@ -22,6 +22,7 @@ import math
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Literal
+from urllib.parse import unquote_to_bytes
 
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -178,8 +179,21 @@ _SERVER_ERRORS = (500, 503, 507)
 _KEY_DOC = {"description": "the key (percent-encoded UTF-8)", "minLength": 1}
 
 
+def _path_is_utf8(scope: dict) -> bool:
+    """Whether the request's raw path percent-decodes to valid UTF-8."""
+    raw = scope.get("raw_path")
+    if raw is None:
+        return True
+    try:
+        unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class Gate:
-    """Pure ASGI middleware: auth, request metrics, access log.
+    """Pure ASGI middleware: a path that is not UTF-8 (400), auth, request
+    metrics, access log.
 
     :param token: the bearer token, or None for no auth.
     :param registry: where the request metrics go.
@@ -226,7 +240,15 @@ class Gate:
             await send(message)
 
         try:
-            if self._authorized(scope):
+            if "\ufffd" in scope["path"] and not _path_is_utf8(scope):
+                # The server decodes a path's %XX escapes with errors='replace',
+                # so %FF, %FE and a real U+FFFD would all name one key.
+                resp = _error_response(
+                    400, "bad key", "the path is not percent-encoded UTF-8 (an escape "
+                    "such as %FF is not a UTF-8 byte sequence); encode the key as UTF-8 "
+                    "before percent-encoding it, or send bytes keys through the Python library")
+                await resp(scope, receive, send_wrapper)
+            elif self._authorized(scope):
                 await self.app(scope, receive, send_wrapper)
             else:
                 resp = _error_response(

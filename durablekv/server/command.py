@@ -23,13 +23,35 @@ TOKEN_ENV = "DURABLEKV_TOKEN"
 DEFAULT_PORT = 8470
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0..65535 (0 picks a free one)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a whole number 0..65535, got {text!r}") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535 (0 picks a free one), got {v}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text!r}") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (a finite number >= 0), got {text}")
+    return v
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
     p.add_argument("dir", metavar="DIR", help="the cache directory (created 0700 if missing)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default %(default)s: this machine only; any other "
                    "address needs a token)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT,
                    help="TCP port (default %(default)s; 0 picks a free one, printed at start)")
     p.add_argument("--token-file", metavar="PATH",
                    help=f"file holding the bearer token (surrounding whitespace stripped); "
@@ -38,15 +60,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one JSON line per request on stderr (off by default)")
     p.add_argument("--max-key-chars", type=int, default=1024,
                    help="longest key in characters (414 beyond; default %(default)s)")
-    p.add_argument("--request-timeout", type=float, default=30.0,
+    p.add_argument("--request-timeout", type=_seconds, default=30.0,
                    help="seconds a request body may take to arrive (408 beyond; default "
                    "%(default)s)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests (default %(default)s)")
     g = p.add_argument_group("cache options (as for durablekv.Cache)")
     g.add_argument("--page-size", type=int, help="slots per page (new stores; default 16)")
     g.add_argument("--max-pages", type=int, default=4096, help="pages in memory "
                    "(default %(default)s)")
+    g.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
+                   help="which resident page leaves memory first (default %(default)s; "
+                   "see docs/policy.md)")
     g.add_argument("--durability", choices=("fsync", "log", "none"), default="log",
                    help="what a 2xx on a write survives (default %(default)s)")
     g.add_argument("--flush-interval", type=float, default=0.05,
@@ -159,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     cache = Cache(args.dir, page_size=args.page_size, max_pages=args.max_pages,
                   durability=args.durability, flush_interval=args.flush_interval,
                   flush_batch_pages=args.flush_batch_pages,
-                  max_value_bytes=args.max_value_bytes, serializer="safe")
+                  max_value_bytes=args.max_value_bytes, serializer="safe",
+                  policy=args.policy)
     try:
         app = create_app(cache, token, max_key_chars=args.max_key_chars,
                          request_timeout=args.request_timeout, access_log=args.access_log)
