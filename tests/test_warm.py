@@ -231,17 +231,35 @@ def test_close_during_the_preload_stops_it(tmp_path, monkeypatch):
 
 
 def test_the_write_behind_saves_the_list_periodically(tmp_path, monkeypatch):
+    """Every write-behind cycle calls _residency_tick, which saves the list
+    once RESIDENCY_INTERVAL has passed, if the tier was used since."""
     monkeypatch.setattr(warm, "RESIDENCY_INTERVAL", 0.0)
+    ticks = []
+    real = Cache._residency_tick
+
+    def spy(self):
+        ticks.append(threading.current_thread().name)
+        real(self)
+    monkeypatch.setattr(Cache, "_residency_tick", spy)
     d = tmp_path / "c"
     with Cache(d, page_size=4, max_pages=8, **QUIET) as c:
+        assert c.wait_warm(DEADLINE)  # (no list yet: nothing to preload)
         for i in range(100):
             c[f"k{i}"] = b"v"
-        c.flush()  # a write-behind cycle: saves the list
-        assert decode_residency((d / RESIDENCY_FILE).read_bytes(), 4) == _order(c)
+        c.flush()  # the cycle that stored them called the tick first
+        assert ticks and set(ticks) == {"durablekv-batcher[c]"}
         saves = c._residency_saves
-        c._batcher.kick(urgent=True)
-        c.flush()  # nothing to flush, and nothing used since: no save
-        assert c._residency_saves == saves
+        c.get("k50")          # page 13, used after any save so far
+        c._residency_tick()   # used since the last save: saved now
+        assert c._residency_saves == saves + 1
+        assert decode_residency((d / RESIDENCY_FILE).read_bytes(), 4) == _order(c)
+        assert _order(c)[0] == 13
+        c._residency_tick()   # not used since: nothing to save
+        assert c._residency_saves == saves + 1
+        c.get("k0")
+        c._residency_tick()
+        assert c._residency_saves == saves + 2
+        assert decode_residency((d / RESIDENCY_FILE).read_bytes(), 4)[0] == 1
 
 
 def test_a_killed_process_comes_back_warm(tmp_path):
