@@ -64,8 +64,17 @@ def _load() -> tuple[ModuleType | None, Acceleration]:
     try:
         from . import _native
     except ImportError as exc:
-        why = (f"the C extension durablekv._native did not import ({exc}); reinstall with "
-               "a C compiler to build it")
+        here = os.path.dirname(os.path.abspath(__file__))
+        built = any(name.startswith("_native.") and name.endswith((".so", ".pyd"))
+                    for name in os.listdir(here))
+        if not built:
+            why = (f"the C extension durablekv._native is not in {here} (it was not built: "
+                   "no C compiler or Python headers at install time, or this is a source tree "
+                   "where `pip install -e .` was not run); install gcc and python3-dev and "
+                   "reinstall to build it")
+        else:
+            why = (f"the C extension durablekv._native did not import ({exc}); reinstall with "
+                   "a C compiler to build it")
         logging.getLogger("durablekv").info("running the pure-Python kernels: %s", why)
         return None, Acceleration((), why)
     return _native, Acceleration(KERNELS, "")

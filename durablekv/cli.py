@@ -276,6 +276,11 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         f"(max_memory_bytes {bound(r.get('max_memory_bytes'))})",
         f"store bytes        {r.get('store_data_bytes', 0):,} in pages, "
         f"{r.get('store_file_bytes', 0):,} on disk (size_limit {bound(r.get('size_limit'))})",
+        *(["                   (above size_limit: pages resident in memory are never evicted "
+           "from the store;", "                   give size_limit room for the memory tier, "
+           "see docs/api.md)"]
+          if r.get("size_limit") is not None and r.get("store_data_bytes", 0) > r["size_limit"]
+          else []),
         f"page faults        {r['page_faults']:,}",
         f"flushes            {r['flushes']:,} ({r['flushed_pages']:,} pages written for "
         f"{r['cache_sets']:,} cache sets: the trace's sets plus a fill per get miss)",

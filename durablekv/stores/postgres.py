@@ -52,6 +52,7 @@ import contextlib
 import logging
 import math
 import os
+from pathlib import Path
 import time
 import uuid
 from typing import AbstractSet as Set
@@ -90,8 +91,13 @@ _FIND_SQL = ("SELECT k.page_id, p.n_entries, p.data, p.crc FROM dkv_keys AS k "
 def migration_files() -> list[tuple[int, str, str]]:
     """The packaged PostgreSQL migrations as ``(version, name, sql)``, in order."""
     from importlib.resources import files
-    root: Any = files("durablekv.migrations.postgres")
-    return ordered_migrations(root.iterdir())
+    try:
+        root: Any = files("durablekv.migrations.postgres")
+        items = list(root.iterdir())
+    except ModuleNotFoundError:  # running from a source tree, as the SQLite store does
+        root = Path(__file__).resolve().parents[2] / "migrations" / "postgres"
+        items = list(root.glob("*.sql"))
+    return ordered_migrations(items)
 
 
 def describe_conninfo(conninfo: str) -> str:
