@@ -469,9 +469,9 @@ class ReplayLog:
         self._fd, self._path, self._size = fd, path, len(MAGIC)
 
     def segment_bytes_hint(self) -> int:
-        """Bytes preallocated when a segment is created (one step, or less
-        for a small ``segment_bytes``; a multiple of 4096 either way)."""
-        return min(self.prealloc_bytes, _round_up(self.segment_bytes, PREALLOC_ALIGN))
+        """Bytes preallocated when a segment is created (a multiple of 4096);
+        the room then doubles up to ``prealloc_bytes`` at a time."""
+        return min(64 << 10, self.prealloc_bytes, _round_up(self.segment_bytes, PREALLOC_ALIGN))
 
     def _grow(self, record_size: int) -> None:
         """Preallocate and map room for a record of ``record_size`` bytes.
@@ -480,8 +480,17 @@ class ReplayLog:
             here, from ``posix_fallocate``, never as a fault on a store
             into the mapping); nothing was appended.
         """
-        cap = _round_up(self._size + record_size, self.prealloc_bytes)
-        mm = _preallocate_and_map(self._fd, self._path, cap, self._cap)
+        need = _round_up(self._size + record_size, PREALLOC_ALIGN)
+        # twice the room up to one prealloc_bytes step, then a step at a time
+        cap = max(need, min(2 * self._cap, self._cap + self.prealloc_bytes))
+        try:
+            mm = _preallocate_and_map(self._fd, self._path, cap, self._cap)
+        except LogWriteError:
+            if cap == need:
+                raise
+            # short of room for a whole step: as much as this record needs
+            mm = _preallocate_and_map(self._fd, self._path, need, self._cap)
+            cap = need
         old, self._mm, self._cap = self._mm, mm, cap
         old.close()
 
