@@ -90,6 +90,10 @@ def draw(results: dict[str, Any], curves: dict[str, Any], out_dir: str) -> list[
             if ys:
                 ax.plot(xs, ys, marker="x", linestyle="-.", linewidth=1.0,
                         label=f"page_size={ps} lru + re-homing (simulated)")
+        for ps, ys in c.get("page_midpoint", {}).items():
+            if ys:
+                ax.plot(xs, ys, marker="*", linestyle="--", linewidth=1.0,
+                        label=f"page_size={ps} partial pages, midpoint (simulated)")
         ax.set_xscale("log")
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{x:g}%" for x in xs])

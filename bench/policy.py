@@ -2,7 +2,8 @@
 
 One run over every shared trace (whole traces): entry-level LRU, W-TinyLFU
 and OPT, durablekv's memory tier at ``page_size=16`` under ``policy="lru"``
-and ``policy="tinylfu"``, and page-LRU with re-homing (item 1's candidate),
+and ``policy="tinylfu"``, and item 1's candidates: page-LRU with re-homing
+and partial pages with midpoint insertion (``bench.sim.page_midpoint``),
 at 0.5% .. 20% of the unique keys (:func:`bench.sim.curves`). From that one
 run it writes ``docs/bench/policy.json``, the ``hit_ratio_<trace>.png``
 plots (:func:`bench.plots.draw`) and the table between the markers of
@@ -30,20 +31,22 @@ MARK_BEGIN, MARK_END = "<!-- policy-table:begin -->", "<!-- policy-table:end -->
 
 
 def _one(name: str, fractions: tuple[float, ...], page_sizes: tuple[int, ...],
-         rehome: tuple[int, ...]) -> tuple[str, dict[str, Any]]:
+         rehome: tuple[int, ...], midpoint: tuple[int, ...]) -> tuple[str, dict[str, Any]]:
     t0 = time.perf_counter()
     req = sim.load(TRACES / name, None)
-    c = sim.curves(req, fractions, page_sizes, rehome)
+    c = sim.curves(req, fractions, page_sizes, rehome, midpoint)
     c.update(requests=len(req.ops), gets=req.gets, unique_keys=req.unique,
              whole_trace=req.whole, seconds=round(time.perf_counter() - t0, 1))
     return name, c
 
 
-def run(fractions=FRACTIONS, page_sizes=(16,), rehome=(16,), jobs: int = 2) -> dict[str, Any]:
+def run(fractions=FRACTIONS, page_sizes=(16,), rehome=(16,), midpoint=(16,),
+        jobs: int = 2) -> dict[str, Any]:
     """Curves per trace (the shared traces that exist), in TRACE_FILES order."""
     names = [n for n in TRACE_FILES if (TRACES / n).exists()]
     with ProcessPoolExecutor(max_workers=jobs) as ex:
-        done = dict(ex.map(_one, names, *zip(*[(fractions, page_sizes, rehome)] * len(names))))
+        done = dict(ex.map(_one, names, *zip(*[(fractions, page_sizes, rehome, midpoint)]
+                                             * len(names))))
     return {n: done[n] for n in names}
 
 
@@ -54,8 +57,9 @@ def _gap(x: float, lru: float, opt: float) -> str:
 def table(curves: dict[str, Any]) -> str:
     """Markdown: trace x memory x page_size x policy, with LRU and OPT."""
     rows = ["| trace | memory | entries | page_size | LRU | TinyLFU | OPT | TinyLFU − LRU "
-            "| of LRU→OPT gap | re-homing (LRU) | ≥ entry LRU (lru / re-homing) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "| of LRU→OPT gap | re-homing (LRU) | midpoint (LRU) "
+            "| page faults (lru → midpoint) | ≥ entry LRU (lru / re-homing / midpoint) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, c in curves.items():
         for f in TABLE_FRACTIONS:
             if f not in c["fractions"]:
@@ -64,16 +68,21 @@ def table(curves: dict[str, Any]) -> str:
             lru, opt, slots = c["lru"][i], c["opt"][i], c["slots"][i]
             t = c["tinylfu"][i]
             rows.append(f"| {name} | {100 * f:g}% | {slots:,} | 1 (entries) | {lru:.4f} | {t:.4f} "
-                        f"| {opt:.4f} | {100 * (t - lru):+.2f} | {_gap(t, lru, opt)} | – | – |")
+                        f"| {opt:.4f} | {100 * (t - lru):+.2f} | {_gap(t, lru, opt)} "
+                        "| – | – | – | – |")
             for ps, ys in c["page_lru"].items():
                 pl, pt = ys[i], c["page_tinylfu"][ps][i]
                 rh = c["page_rehome"].get(ps)
+                mp = c.get("page_midpoint", {}).get(ps)
                 rhs = f"{rh[i]:.4f}" if rh else "–"
-                ok = ("yes" if pl >= lru else "no") + " / " + \
-                     (("yes" if rh[i] >= lru else "no") if rh else "–")
+                mps = f"{mp[i]:.4f}" if mp else "–"
+                fl = (f"{c['faults_page_lru'][ps][i]:,} → {c['faults_midpoint'][ps][i]:,}"
+                      if mp else "–")
+                ok = " / ".join(("yes" if ys_[i] >= lru else "no") if ys_ else "–"
+                                for ys_ in (ys, rh, mp))
                 rows.append(f"| {name} | {100 * f:g}% | {slots:,} | {ps} | {pl:.4f} | {pt:.4f} "
                             f"| {opt:.4f} | {100 * (pt - pl):+.2f} | {_gap(pt, pl, opt)} | {rhs} "
-                            f"| {ok} |")
+                            f"| {mps} | {fl} | {ok} |")
     return "\n".join(rows)
 
 

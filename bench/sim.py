@@ -201,16 +201,22 @@ def opt(req: Requests, slots: int) -> int:
 
 
 def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int],
-           rehome: Sequence[int] = ()) -> dict[str, Any]:
+           rehome: Sequence[int] = (), midpoint: Sequence[int] = ()) -> dict[str, Any]:
     """Hit ratios for the plots and docs/policy.md: entry-level LRU, W-TinyLFU
     and OPT, and durablekv's memory tier per page size under ``policy="lru"``
     (``page_lru``) and ``policy="tinylfu"`` (``page_tinylfu``); for the page
-    sizes in ``rehome`` also page-LRU with re-homing (``page_rehome``)."""
+    sizes in ``rehome`` also page-LRU with re-homing (``page_rehome``), and for
+    those in ``midpoint`` partial pages with midpoint insertion
+    (``page_midpoint``, with its ``page_faults`` beside page-LRU's in
+    ``faults_midpoint`` / ``faults_page_lru``)."""
     out: dict[str, Any] = {"fractions": list(fractions), "slots": [], "lru": [], "opt": [],
                            "tinylfu": [],
                            "page_lru": {str(ps): [] for ps in page_sizes},
                            "page_tinylfu": {str(ps): [] for ps in page_sizes},
-                           "page_rehome": {str(ps): [] for ps in rehome}}
+                           "page_rehome": {str(ps): [] for ps in rehome},
+                           "page_midpoint": {str(ps): [] for ps in midpoint},
+                           "faults_page_lru": {str(ps): [] for ps in midpoint},
+                           "faults_midpoint": {str(ps): [] for ps in midpoint}}
     gets = max(req.gets, 1)
     for f in fractions:
         slots = slots_for(req, f)
@@ -226,6 +232,12 @@ def curves(req: Requests, fractions: Sequence[float], page_sizes: Sequence[int],
         for ps in rehome:
             out["page_rehome"][str(ps)].append(
                 page_rehome(req, ps, -(-slots // ps))["memory_hits"] / gets)
+        for ps in midpoint:
+            pages = -(-slots // ps)
+            m = page_midpoint(req, ps, pages)
+            out["page_midpoint"][str(ps)].append(m["memory_hits"] / gets)
+            out["faults_midpoint"][str(ps)].append(m["page_faults"])
+            out["faults_page_lru"][str(ps)].append(page_lru(req, ps, pages)["page_faults"])
     return out
 
 class _WTinyLFU:
@@ -387,3 +399,92 @@ def page_rehome(req: Requests, page_size: int, max_pages: int) -> dict[str, int]
         shrink()
     return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults,
             "rehomed": rehomed}
+
+
+#: Share of the entry budget :func:`page_midpoint` keeps as its *old* sublist,
+#: InnoDB's default (``innodb_old_blocks_pct=37``, i.e. 3/8 of the LRU list).
+OLD_FRACTION = 3 / 8
+
+
+def page_midpoint(req: Requests, page_size: int, max_pages: int,
+                  old_fraction: float = OLD_FRACTION) -> dict[str, int]:
+    """Partial pages with midpoint insertion: memory is budgeted in entries
+    (``max_pages * page_size`` of them), not in whole pages, and pages stay the
+    unit of I/O.
+
+    New keys fill the open page in arrival order, as in :func:`page_lru`, and a
+    page is still read whole from the store; but residency is per entry, in one
+    LRU list of entries split into a *young* head and an *old* tail
+    (``old_fraction`` of the budget). A page fault puts the requested entry at
+    the young MRU end and the page's other entries that are not in memory
+    (its neighbours, read with it) at the *midpoint*, the MRU end of the old
+    sublist; an entry hit in the old sublist moves to the young MRU end; the
+    young sublist's overflow moves to the old MRU end; the old LRU end leaves
+    memory. A neighbour read in with a page and never used therefore leaves
+    after it has passed through the old sublist, while the hot entries of a
+    page stay without its cold ones. This is InnoDB's buffer pool LRU with
+    its midpoint insertion of read-ahead pages (MySQL reference manual,
+    "Making the Buffer Pool Scan Resistant"), with entries for InnoDB's pages
+    and pages for its read-ahead extents; 2Q's A1in (Johnson and Shasha,
+    VLDB 1994) is the same idea of a probation area for entries not yet
+    re-referenced. With ``page_size=1`` (no neighbours) the two sublists are
+    one LRU list: exactly :func:`lru`.
+
+    Returns :func:`page_lru`'s counts plus ``prefetched`` (neighbours placed
+    at the midpoint) and ``prefetch_hits`` (of those, entries hit before they
+    left the old sublist).
+    """
+    if DELETE in req.ops:
+        raise ValueError("page_midpoint does not model deletes (the free list)")
+    budget = max_pages * page_size
+    young_cap = max(1, budget - int(old_fraction * budget))
+    young: OrderedDict[Any, None] = OrderedDict()
+    old: OrderedDict[Any, bool] = OrderedDict()   # key -> placed as a neighbour
+    ymove, ypop, opop = young.move_to_end, young.popitem, old.popitem
+    page_of: dict[Any, int] = {}
+    members: dict[int, list[Any]] = {}
+    open_page, open_used, next_id = -1, page_size, 0
+    mem = store = miss = faults = prefetched = prefetch_hits = 0
+    for op, k in zip(req.ops, req.keys):
+        if k in young:
+            ymove(k)
+            if op == GET:
+                mem += 1
+            continue
+        if k in old:
+            if old.pop(k):
+                prefetch_hits += 1
+            young[k] = None
+            if op == GET:
+                mem += 1
+        else:
+            p = page_of.get(k)
+            if p is None:
+                if op == GET:
+                    miss += 1           # look-aside: a miss is followed by a set
+                if open_used >= page_size:
+                    open_page, open_used = next_id, 0
+                    next_id += 1
+                    members[open_page] = []
+                page_of[k] = open_page
+                members[open_page].append(k)
+                open_used += 1
+                young[k] = None
+            else:
+                faults += 1             # the whole page is read from the store
+                if op == GET:
+                    store += 1
+                young[k] = None
+                for m in members[p]:
+                    if m not in young and m not in old:
+                        old[m] = True
+                        prefetched += 1
+        while len(young) > young_cap:
+            old[ypop(False)[0]] = False
+        while len(young) + len(old) > budget:
+            if old:
+                opop(False)
+            else:
+                ypop(False)
+    return {"memory_hits": mem, "store_hits": store, "misses": miss, "page_faults": faults,
+            "prefetched": prefetched, "prefetch_hits": prefetch_hits}

@@ -84,6 +84,9 @@ class Batch:
     ``held_pages``: ids of the snapshot's pages this commit leaves out (a
     failing page is being isolated); see ``Store.write_batch``.
     ``ttl_clock``: ``(offset, now)`` of the source's TTL clock, or None.
+    ``size_limit``, ``keep_pages``, ``left_pages``: the store's byte bound
+    (None: none), the pages it must not evict and the pages that left
+    memory (see ``Store.write_batch``).
     """
 
     images: Sequence[Any]
@@ -94,6 +97,9 @@ class Batch:
     rewritten: int = 0
     held_pages: frozenset = frozenset()
     ttl_clock: tuple[float, float] | None = None
+    size_limit: int | None = None
+    keep_pages: frozenset = frozenset()
+    left_pages: Sequence[int] = ()
 
 
 class _Snapshot(Protocol):
@@ -228,6 +234,35 @@ class WriteBehindBatcher:
             # committed, but the log lost its active segment: say so at every flush
             raise gone
 
+    def cycle_once(self, timeout: float | None = None) -> None:
+        """Block until a whole cycle that began after this call has run (for
+        work that is not an LSN to wait for: eviction down to a size limit).
+
+        :raises WriteBehindError: that cycle failed, or the thread is not running.
+        :raises FlushTimeoutError: not done within ``timeout`` seconds.
+        """
+        monotonic = _REAL[0]
+        deadline = None if timeout is None else monotonic() + timeout
+        with self._cond:
+            target = self._cycles + 2  # a cycle running now may have begun before this call
+            errors_at_start = self._errors
+            while self._cycles < target:
+                if self._stop or not self._thread.is_alive():
+                    raise WriteBehindError(self._path, self._last_error,
+                                           f"write-behind thread of {self._path!r} is not running; "
+                                           "the cache is closed or failed")
+                if self._errors > errors_at_start:
+                    raise WriteBehindError(self._path, self._last_error) from self._last_error
+                remaining = None
+                if deadline is not None:
+                    remaining = deadline - monotonic()
+                    if remaining <= 0:
+                        raise FlushTimeoutError(self._path, timeout, self._last_error)
+                self._urgent = True
+                self._retry_now = True
+                self._wake.set()
+                self._cond.wait(remaining)
+
     # -- the thread ----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -348,13 +383,18 @@ class WriteBehindBatcher:
         """Write ``indices`` of ``snap`` (all when None) in one transaction."""
         batch = snap.build(indices, uncommitted)
         added: list = []
+        bounded = batch.size_limit is not None
         if batch.images or batch.clear or batch.checkpoint_lsn > self._store.checkpoint_lsn or \
-                (batch.ttl_clock is not None and batch.ttl_clock != self._store.ttl_clock):
+                (batch.ttl_clock is not None and batch.ttl_clock != self._store.ttl_clock) or \
+                (bounded and (batch.left_pages or self._store.data_bytes > batch.size_limit)):
             t0 = _REAL[1]()
+            # (the size_limit arguments only when set: a store may predate them)
+            extra = ({"size_limit": batch.size_limit, "keep_pages": batch.keep_pages,
+                      "left_pages": batch.left_pages} if bounded else {})
             added = self._store.write_batch(batch.images, batch.checkpoint_lsn, batch.key_count,
                                             batch.ttl_key_count, batch.clear,
                                             held_pages=batch.held_pages,
-                                            ttl_clock=batch.ttl_clock)
+                                            ttl_clock=batch.ttl_clock, **extra)
             dt = _REAL[1]() - t0
             self.flush_seconds.observe(dt)
             self.flush_pages.observe(len(batch.images))

@@ -41,7 +41,7 @@ import threading
 from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable
 
-from . import codec as _codec, pages as _pages
+from . import codec as _codec
 from ._perms import DIR_MODE
 from .atomic import AtomicOps
 from .batcher import WriteBehindBatcher
@@ -90,6 +90,29 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         value raises :class:`ConfigError`.
     :param max_pages: the memory tier holds at most this many pages (so at
         most ``max_pages * page_size`` entries resident).
+    :param max_memory_bytes: None (default: no byte bound) or a positive int:
+        the most bytes of entries the memory tier keeps resident, counted as
+        each page's encoded keys and values (added at set time; a page's
+        stored blob size, entries plus about 14 bytes of framing each, once
+        it is flushed or faulted in; an overwrite or a delete only adds until
+        the page's next flush). When a call passes it, pages leave by the
+        replacement policy exactly as for ``max_pages`` (dirty ones go
+        pending for the write-behind, clean ones are dropped); both bounds
+        hold together. Exact to a page: after every call, resident bytes
+        are at most ``max_memory_bytes``, except that one page may be
+        resident alone while its own bytes pass the bound (a page holds new
+        entries only up to the bound, so that page holds a single entry
+        bigger than ``max_memory_bytes``). Such an entry is logged, stored
+        and readable like any other; its page is evicted by the next page
+        that becomes resident. Pending pages (waiting for the write-behind)
+        are not resident and are bounded by ``max_pending_pages`` instead.
+        Not stored: a store may be reopened with any bound (docs/api.md).
+    :param size_limit: None (default: no bound) or a positive int: bytes of
+        pages the store keeps on disk. When a flush leaves the store above
+        it, the write-behind evicts the least recently used pages that are
+        neither resident nor pending from the store too, in its next
+        transactions (``stats().store_evictions``; docs/operations.md).
+        Not stored.
     :param policy: the memory tier's replacement policy: ``"lru"`` (default,
         LRU of pages) or ``"tinylfu"`` (W-TinyLFU of pages; docs/policy.md).
         Not stored: a store may be reopened with either.
@@ -157,7 +180,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                  on_corruption: str = "raise", salvage_log: bool = False,
                  busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
                  store: str | None = None, namespace: str | None = None,
-                 policy: str = "lru") -> None:
+                 policy: str = "lru", max_memory_bytes: int | None = None,
+                 size_limit: int | None = None) -> None:
         self._state = _CLOSED
         self._temporary = directory is None
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
@@ -171,7 +195,10 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                       flush_batch_pages=flush_batch_pages, durability=durability,
                       max_value_bytes=max_value_bytes, on_corruption=on_corruption,
                       max_pending_pages=max_pending_pages, busy_timeout=busy_timeout,
-                      segment_bytes=segment_bytes, salvage_log=salvage_log)
+                      segment_bytes=segment_bytes, salvage_log=salvage_log,
+                      max_memory_bytes=max_memory_bytes, size_limit=size_limit)
+        self.max_memory_bytes = max_memory_bytes
+        self.size_limit = size_limit
         _pgwire.check_store_args(store, namespace, durability)
         self.policy = check_policy(policy)
         self._store_url, self.namespace = store, namespace
@@ -270,7 +297,11 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._clock_offset, self._last_now = store.ttl_clock
         self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
         self._cond = threading.Condition(self._lock)  # back-pressure waits
-        self._tier = MemoryTier(store.page_size, max_pages, self.policy)
+        self._tier = MemoryTier(store.page_size, max_pages, self.policy,
+                                max_bytes=self.max_memory_bytes)
+        self._tier.track_departures = self.size_limit is not None
+        self._store_evictions = 0
+        self._store_stuck: tuple[int, int] | None = None  # see WriteBack._store_evicted
         # the tier's page table and LRU, for the hot path (never replaced:
         # MemoryTier.clear() empties them in place)
         self._table = self._tier.table
@@ -349,6 +380,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             self._log.start(self._last_lsn + 1)
         self.recovered_records = recovered
         self.recovery_seconds = _REAL_MONOTONIC[0]() - t0
+        if self.size_limit is not None and store.data_bytes > self.size_limit:
+            self._batcher.kick(urgent=True)  # cull down to the (new, smaller) bound
         if recovered:
             log.info("recovered %d log records in %.3f s for %s", recovered,
                      self.recovery_seconds, self.path)
@@ -521,7 +554,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                 if ref is not None:
                     page = ref[0]
                     if ref[2] is not HAS_TTL and page.state == RESIDENT and \
-                            page.nbytes + nbytes <= _pages.PAGE_BYTES_LIMIT:
+                            page.nbytes + nbytes <= tier.page_bytes_limit:
                         # The hot path: overwrite a live, resident entry. Same
                         # steps as _append + MemoryTier.update, without the calls.
                         lsn = self._last_lsn + 1
@@ -537,6 +570,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                         else:  # its first overwrite (see MemoryTier)
                             tier.table[key] = [page, ref[1], held]
                         page.nbytes += nbytes
+                        tier.resident_bytes += nbytes
                         page.version += 1
                         if page.dirty_lsn is None:
                             page.dirty_lsn = lsn
@@ -548,6 +582,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                                 self._batcher.kick()
                         page.stamp = next(self._ticks)
                         tier.locked_ticks += 1
+                        if tier.max_bytes is not None and \
+                                tier.resident_bytes > tier.max_bytes:
+                            tier.shrink(page)
                         self._sets += 1
                         lsn_to_sync = lsn
                         expire_at = None
@@ -676,6 +713,18 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         # account would never end.
         if target > self._store.checkpoint_lsn:
             self._batcher.flush_until(target, timeout)
+        if self._store_over_limit():
+            # nothing to store, but pages to evict (a store reopened with a
+            # smaller size_limit, or pages that just left memory)
+            self._batcher.cycle_once(timeout)
+
+    def _store_over_limit(self) -> bool:
+        """Whether the store passes ``size_limit`` and may evict something now."""
+        limit = self.size_limit
+        if limit is None or self._store.data_bytes <= limit:
+            return False
+        with self._lock:
+            return self._store_stuck != (len(self._tier.pages), self._tier.evictions)
 
     def close(self) -> None:
         """Flush, checkpoint, remove the replay log, release the directory

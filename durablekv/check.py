@@ -268,6 +268,12 @@ def _check_store(directory: str, r: CheckResult) -> int:
             r.bad(problem)
         if r.ok:
             r.good(f"key index agrees with {pages} pages ({entries} entries)")
+        if "data_bytes" in meta:  # schema version 4 on (size_limit's account)
+            actual = conn.execute("SELECT coalesce(sum(length(data)), 0) FROM pages").fetchone()[0]
+            if actual != meta["data_bytes"]:
+                r.bad(f"{path}: meta data_bytes={meta['data_bytes']!r}, but the pages hold "
+                      f"{actual} bytes; size_limit would evict too much or too little "
+                      "(a wrong count, not damage to any entry)")
         return checkpoint
     finally:
         conn.close()

@@ -63,7 +63,8 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
            progress: bool | None = None, name: str | None = None,
            on_corruption: str = "raise", salvage_log: bool = False,
            on_report: Any = None, serializer: str = "safe",
-           policy: str = "lru") -> dict[str, Any]:
+           policy: str = "lru", max_memory_bytes: int | None = None,
+           size_limit: int | None = None) -> dict[str, Any]:
     """Replay ``trace`` (an iterable of :class:`~durablekv.traces.Request`) into a
     cache at ``directory``; return the report as a flat dict.
 
@@ -75,7 +76,9 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
     ``"json"`` (another name for it) or ``"pickle"``); an existing cache
     must be opened with the one it was created with.
     ``policy`` is the memory tier's replacement policy (``"lru"`` or
-    ``"tinylfu"``, see :class:`~durablekv.Cache`).
+    ``"tinylfu"``, see :class:`~durablekv.Cache`). ``max_memory_bytes`` and
+    ``size_limit`` (bytes, None: no bound) bound the memory tier and the store
+    as in :class:`~durablekv.Cache`.
     ``on_report(report)`` is called as soon as the report is ready, before
     the ``hold`` seconds of metrics serving.
 
@@ -99,7 +102,8 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
     cache = Cache(directory, page_size=page_size, max_pages=max_pages, durability=durability,
                   flush_interval=flush_interval, clock=clock, name=name,
                   on_corruption=on_corruption, salvage_log=salvage_log,
-                  serializer=serializer, policy=policy)
+                  serializer=serializer, policy=policy, max_memory_bytes=max_memory_bytes,
+                  size_limit=size_limit)
     max_value = cache.max_value_bytes
     try:
         if metrics_port is not None:
@@ -191,6 +195,12 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
             "memory_hit_ratio": st.memory_hits / gets if gets else 0.0,
             "store_hit_ratio": st.store_hits / gets if gets else 0.0,
             "evictions": st.evictions,
+            "store_evictions": st.store_evictions,
+            "max_memory_bytes": max_memory_bytes,
+            "memory_bytes": st.memory_bytes,
+            "size_limit": size_limit,
+            "store_data_bytes": st.store_data_bytes,
+            "store_file_bytes": st.store_bytes,
             "page_faults": st.page_faults,
             "expirations": st.expirations,
             "flushes": st.flushes,
@@ -236,6 +246,11 @@ def _print_report(r: dict[str, Any], out=None) -> None:
                 f"so neighbours of a faulted key count as memory hits; for a figure to compare "
                 f"with an LRU cache of {slots:,} entries, replay with --page-size 1 "
                 f"--max-pages {slots}")
+
+    def bound(v: Any) -> str:
+        return "none" if v is None else f"{v:,}"
+
+    bounded_store = r.get("size_limit") is not None
     lines = [
         f"trace              {r['trace']} ({r['format']})",
         f"cache              page_size={r['page_size']} max_pages={r['max_pages']} "
@@ -247,11 +262,20 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         f"memory hit ratio   {pct(r['memory_hit_ratio'])} of gets  {compare}",
         *(f"                   {line}" for line in textwrap.wrap(f"({tier})", 70)),
         f"overall hit ratio  {pct(r['hit_ratio'])} of gets  (memory + store "
-        f"{pct(r['store_hit_ratio']).strip()}: the store never evicts,",
-        "                   so this is the hit ratio of an unbounded cache, not of one this size)",
+        f"{pct(r['store_hit_ratio']).strip()}" + (
+            f": the store is bounded by size_limit={r['size_limit']:,} bytes)" if bounded_store
+            else ": the store never evicts,"),
+        *(() if bounded_store else (
+            "                   so this is the hit ratio of an unbounded cache, not of one "
+            "this size)",)),
         f"hits               memory {r['memory_hits']:,}, store {r['store_hits']:,}, "
         f"misses {r['misses']:,}",
-        f"evictions          {r['evictions']:,} pages",
+        f"evictions          {r['evictions']:,} pages from memory, "
+        f"{r.get('store_evictions', 0):,} from the store",
+        f"memory bytes       {r.get('memory_bytes', 0):,} resident "
+        f"(max_memory_bytes {bound(r.get('max_memory_bytes'))})",
+        f"store bytes        {r.get('store_data_bytes', 0):,} in pages, "
+        f"{r.get('store_file_bytes', 0):,} on disk (size_limit {bound(r.get('size_limit'))})",
         f"page faults        {r['page_faults']:,}",
         f"flushes            {r['flushes']:,} ({r['flushed_pages']:,} pages written for "
         f"{r['cache_sets']:,} cache sets: the trace's sets plus a fill per get miss)",
@@ -261,6 +285,28 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         f"set latency        p50 {r['set_latency_p50_us']:.1f} us, p99 {r['set_latency_p99_us']:.1f} us",
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)  # stdout at call time
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+               "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
+               "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def _byte_size(text: str) -> int:
+    """An argparse type: a positive number of bytes, with an optional binary
+    unit (``64MiB``, ``64M`` and ``64MB`` all mean 64 x 2**20)."""
+    t = text.strip().lower().replace("_", "")
+    num = t.rstrip("bkmgti")
+    unit = t[len(num):]
+    try:
+        value = float(num) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size in bytes; use a number with an optional unit, e.g. "
+            "1048576, 64MiB or 1G") from None
+    if not 1 <= value < 1 << 62 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number of bytes >= 1")
+    return int(value)
 
 
 def _int_at_least(minimum: int):
@@ -383,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pages resident in memory (default 4096)")
     p.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
                    help="the memory tier's replacement policy (default lru; docs/policy.md)")
+    p.add_argument("--max-memory-bytes", type=_byte_size, default=None, metavar="BYTES",
+                   help="bound the memory tier in bytes of entries too (e.g. 64MiB, 1G, "
+                   "1048576; default: pages only)")
+    p.add_argument("--size-limit", type=_byte_size, default=None, metavar="BYTES",
+                   help="bound the store in bytes of pages: least recently used pages are "
+                   "evicted from it (e.g. 1GiB; default: no bound)")
     p.add_argument("--durability", choices=("fsync", "log", "none"), default="log",
                    help="what a set survives: fsync (power loss), log (a killed process; the "
                    "default), none (no replay log); see docs/durability.md")
@@ -568,7 +620,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                metrics_port=args.metrics_port, hold=args.hold, progress=args.progress,
                name="replay" if tmp else None, on_corruption=args.on_corruption,
                salvage_log=args.salvage_log, on_report=report_ready,
-               serializer=serializer, policy=args.policy)
+               serializer=serializer, policy=args.policy,
+               max_memory_bytes=args.max_memory_bytes, size_limit=args.size_limit)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -146,7 +146,8 @@ def _check_timeout(timeout: Any) -> float:
 
 def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,
                   max_value_bytes, on_corruption, max_pending_pages, busy_timeout,
-                  segment_bytes, salvage_log) -> None:
+                  segment_bytes, salvage_log, max_memory_bytes=None,
+                  size_limit=None) -> None:
     def need_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
         if type(value) is not int or value < lo or (hi is not None and value > hi):
             rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
@@ -155,6 +156,10 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
     if page_size is not None:
         need_int("page_size", page_size, 1, PAGE_SIZE_MAX)
     need_int("max_pages", max_pages, 1)
+    for nm, v in (("max_memory_bytes", max_memory_bytes), ("size_limit", size_limit)):
+        if v is not None and (type(v) is not int or v < 1):
+            raise ConfigError(f"{nm} must be a positive integer number of bytes or None "
+                              f"(no bound), got {v!r}; e.g. {nm}=256 << 20 for 256 MiB")
     need_int("flush_batch_pages", flush_batch_pages, 1)
     need_int("max_value_bytes", max_value_bytes, 1, MAX_VALUE_BYTES_LIMIT)
     if max_pending_pages is not None:

@@ -32,6 +32,8 @@ name (quotes, backslashes, newlines) scrapes as valid text format.
 
 from __future__ import annotations
 
+import math
+
 import threading
 import weakref
 from typing import Any, Callable, Iterator, NamedTuple
@@ -83,8 +85,6 @@ _SIMPLE: tuple[_Family, ...] = (
             "Writes of a value acknowledged (set, add, incr, decr, touch), since open.", _field("sets")),
     _Family("durablekv_deletes", "counter",
             "Entries removed by delete, pop, popitem or touch(key, 0), since open.", _field("deletes")),
-    _Family("durablekv_evictions", "counter",
-            "Pages evicted from the memory tier (LRU), since open.", _field("evictions")),
     _Family("durablekv_page_faults", "counter",
             "Pages made resident again from SQLite or the write-behind queue, since open.",
             _field("page_faults")),
@@ -111,6 +111,18 @@ _SIMPLE: tuple[_Family, ...] = (
             "Pages in the memory tier.", _field("resident_pages")),
     _Family("durablekv_max_pages", "gauge",
             "Bound of the memory tier in pages.", _field("max_pages")),
+    _Family("durablekv_memory_bytes", "gauge",
+            "Bytes of the resident pages' entries (what max_memory_bytes bounds).",
+            _field("memory_bytes")),
+    _Family("durablekv_max_memory_bytes", "gauge",
+            "Bound of the memory tier in bytes (+Inf when there is none).",
+            _field("max_memory_bytes")),
+    _Family("durablekv_store_data_bytes", "gauge",
+            "Bytes of the page blobs in the store as last committed (what size_limit bounds).",
+            _field("store_data_bytes")),
+    _Family("durablekv_size_limit_bytes", "gauge",
+            "Bound of the store in bytes of page blobs (+Inf when there is none).",
+            _field("size_limit")),
     _Family("durablekv_oldest_unflushed_age_seconds", "gauge",
             "Age in seconds of the oldest acknowledged write not yet in SQLite (0 when none).",
             _field("oldest_unflushed_seconds")),
@@ -141,12 +153,23 @@ _HITS = _Family(
     "durablekv_hits", "counter",
     'Gets that found a live entry, by tier: "memory" (resident page) or "store" '
     "(needed a page fault), since open.",
-    None,
+    {"memory": "memory_hits", "store": "store_hits"},
 )
+
+_EVICTIONS = _Family(
+    "durablekv_evictions", "counter",
+    'Pages evicted, by tier: "memory" (left the memory tier by its policy, for '
+    'max_pages or max_memory_bytes) or "store" (deleted from the store for size_limit), '
+    "since open.",
+    {"memory": "evictions", "store": "store_evictions"},
+)
+
+#: Counters with a ``tier`` label; ``source`` maps each tier to its CacheStats field.
+_TIERED = (_HITS, _EVICTIONS)
 
 #: ``(name, type, help)`` of every family, in exposition order (for docs and tests).
 METRIC_FAMILIES: tuple[tuple[str, str, str], ...] = tuple(
-    (f.name, f.type, f.help) for f in (_HITS, *_SIMPLE)
+    (f.name, f.type, f.help) for f in (*_TIERED, *_SIMPLE)
 )
 
 
@@ -256,27 +279,31 @@ class CacheCollector:
         if sharded:
             snapshots = [(labels if len(labels) == 2 else labels + [""], s, h)
                          for labels, s, h in snapshots]
-        hits, *families = self._families(["cache", "shard"] if sharded else ["cache"])
-        for labels, stats, _ in snapshots:
-            hits.add_metric(labels + ["memory"], stats.memory_hits)
-            hits.add_metric(labels + ["store"], stats.store_hits)
-        yield hits
-        for family, spec in zip(families, _SIMPLE):
+        all_families = self._families(["cache", "shard"] if sharded else ["cache"])
+        for family, spec in zip(all_families, _TIERED):
+            for labels, stats, _ in snapshots:
+                for tier, field in spec.source.items():
+                    family.add_metric(labels + [tier], getattr(stats, field))
+            yield family
+        for family, spec in zip(all_families[len(_TIERED):], _SIMPLE):
             for labels, stats, histograms in snapshots:
                 if spec.type == "histogram":
                     snap = histograms[spec.source]
                     family.add_metric(labels, _histogram_buckets(snap), snap.sum)
                 else:
-                    family.add_metric(labels, spec.source(stats))
+                    value = spec.source(stats)
+                    # an unset bound (None) is no bound: +Inf
+                    family.add_metric(labels, math.inf if value is None else value)
             yield family
 
     @staticmethod
     def _families(labels: list[str] | None = None) -> list[Metric]:
         labels = labels or ["cache"]
-        hits = CounterMetricFamily(_HITS.name, _HITS.help, labels=labels + ["tier"])
+        tiered = [CounterMetricFamily(f.name, f.help, labels=labels + ["tier"])
+                  for f in _TIERED]
         kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
                  "histogram": HistogramMetricFamily}
-        return [hits] + [kinds[f.type](f.name, f.help, labels=labels) for f in _SIMPLE]
+        return tiered + [kinds[f.type](f.name, f.help, labels=labels) for f in _SIMPLE]
 
 
 def _shard(cache: Any) -> int | None:

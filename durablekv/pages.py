@@ -17,6 +17,16 @@ access). The design is a database buffer pool shrunk to key/value entries
   *pending* (evicted while dirty: out of the LRU, still in the page table,
   waiting for the write-behind batcher). A clean page that is evicted leaves
   memory altogether.
+* The tier is bounded in pages (``max_pages``) and, optionally, in bytes
+  (``max_bytes``, the cache's ``max_memory_bytes``): ``resident_bytes`` is
+  the sum of ``page.nbytes`` over resident pages, kept in step by every
+  change of residency or of a resident page's ``nbytes``. When either bound
+  is passed, the policy's victims leave exactly as for ``max_pages``. The
+  byte bound is exact to a page: after any method returns,
+  ``resident_bytes <= max_bytes``, or exactly one page is resident (a page
+  holding an entry bigger than the bound on its own, see
+  :attr:`MemoryTier.page_bytes_limit`), which the next page to become
+  resident evicts.
 * Recency is per page: touching any entry touches its page. With
   ``page_size=1`` this is exactly an entry-level LRU of ``max_pages`` entries.
 * Dirty tracking is by version (invariant 4 of the design): every change
@@ -138,7 +148,13 @@ class MemoryTier:
 
     :param page_size: slots per page (>= 1).
     :param max_pages: most pages resident at once (>= 1).
-    :param policy: ``"lru"`` (the heap below) or ``"tinylfu"``: victims chosen
+    :param max_bytes: most bytes resident at once (``page.nbytes`` summed over
+        resident pages: the entries' encoded keys and values as accounted at
+        set time, and a page's stored blob size after a flush or a page
+        fault), or None for no byte bound. With a bound, a new entry starts
+        a new page rather than take the open page past ``max_bytes``, so only
+        a page holding one entry bigger than the bound can pass it alone.
+    :param policy: ``"lru"`` (the heap below) or ``"tinylfu": victims chosen
         by a :class:`durablekv.policy.TinyLFU` (W-TinyLFU over pages; pages
         are then a subclass whose ``stamp`` store also counts the access in
         its frequency sketch). Dirty victims go pending either way.
@@ -179,9 +195,19 @@ class MemoryTier:
       was live until that moment.
     """
 
-    def __init__(self, page_size: int, max_pages: int, policy: str = "lru") -> None:
+    def __init__(self, page_size: int, max_pages: int, policy: str = "lru",
+                 max_bytes: int | None = None) -> None:
         self.page_size = page_size
         self.max_pages = max_pages
+        self.max_bytes = max_bytes
+        #: most bytes a page takes new entries up to (see fits())
+        self.page_bytes_limit = (PAGE_BYTES_LIMIT if max_bytes is None
+                                 else min(PAGE_BYTES_LIMIT, max_bytes))
+        self.resident_bytes = 0  # sum of page.nbytes over resident pages
+        # ids of clean pages that left memory, for the store's LRU order
+        # (Cache(size_limit=) sets track_departures; the write-behind takes them)
+        self.track_departures = False
+        self.departed: list[int] = []
         self.policy_name = check_policy(policy)
         self.table: dict[Any, tuple | list] = {}
         self.pages: dict[int, Page] = {}
@@ -225,6 +251,7 @@ class MemoryTier:
         stamp = next(self.ticks)
         self.locked_ticks += 1
         self.resident += 1
+        self.resident_bytes += page.nbytes
         if self.policy is not None:
             # not counted: a fault counts its access (fault_pending, install),
             # a new page the insert that follows
@@ -238,8 +265,28 @@ class MemoryTier:
         heappush(self.heap, (stamp, page))
         while self.resident > self.max_pages:
             self._evict(self._pop_lru())
+        if self.max_bytes is not None and self.resident_bytes > self.max_bytes:
+            self.shrink(page)
         if len(self.heap) > 2 * self.resident + 64:
             self._rebuild_heap()
+
+    def over(self) -> bool:
+        """Whether the resident pages pass either bound (pages or bytes)."""
+        return self.resident > self.max_pages or (
+            self.max_bytes is not None and self.resident_bytes > self.max_bytes
+            and self.resident > 1)
+
+    def shrink(self, keep: Page | None = None) -> None:
+        """Evict by the policy until ``resident_bytes <= max_bytes`` or one
+        page is left; ``keep`` (the page the caller is using, just touched) is
+        the last to go, so it stays."""
+        if self.max_bytes is None:
+            return
+        if self.policy is not None:
+            self.policy.shrink(keep)
+            return
+        while self.resident_bytes > self.max_bytes and self.resident > 1:
+            self._evict(self._pop_lru())
 
     def _pop_lru(self) -> Page:
         """Take the least recently used resident page out of the heap."""
@@ -279,11 +326,13 @@ class MemoryTier:
         """``page`` stops being resident without going through the heap top."""
         page.heap_stamp = -1
         self.resident -= 1
+        self.resident_bytes -= page.nbytes
         if self.policy is not None:
             self.policy.left(page)
 
     def _evict(self, page: Page) -> None:
         self.resident -= 1
+        self.resident_bytes -= page.nbytes
         self.evictions += 1
         if page is self.open_page:
             self.open_page = None
@@ -291,6 +340,8 @@ class MemoryTier:
             page.state = PENDING
             self.pending += 1
         else:
+            if self.track_departures:
+                self.departed.append(page.page_id)
             self._drop(page)
 
     def _drop(self, page: Page) -> None:
@@ -363,7 +414,7 @@ class MemoryTier:
     def _take_page(self, nbytes: int) -> Page:
         page = self.open_page
         if page is not None and page.used < self.page_size \
-                and page.nbytes + nbytes <= PAGE_BYTES_LIMIT:
+                and page.nbytes + nbytes <= self.page_bytes_limit:
             return page
         if self.free:
             pid = self.free.pop()
@@ -391,6 +442,8 @@ class MemoryTier:
         """
         page = self._take_page(nbytes)
         page.nbytes += nbytes
+        if page.state == RESIDENT:
+            self.resident_bytes += nbytes
         slot = page.free_slots.pop()
         page.keys[slot] = key
         page.values[slot] = held
@@ -401,6 +454,8 @@ class MemoryTier:
         self.mark_dirty(page, now, lsn)
         if page.state == RESIDENT:
             self.touch(page)
+            if self.max_bytes is not None and self.resident_bytes > self.max_bytes:
+                self.shrink(page)
         return page
 
     def insert_many(self, keys: Sequence[Any], held: Sequence[Any],
@@ -427,12 +482,13 @@ class MemoryTier:
             free = page.free_slots
             k = min(len(free), n - i)
             size = sum(nbytes[i:i + k])
-            if page.nbytes + size > PAGE_BYTES_LIMIT:
+            limit = self.page_bytes_limit
+            if page.nbytes + size > limit:
                 # Huge entries: fill the page one entry at a time, as insert() would
                 # (the first entry always goes in: _take_page chose the page for it).
                 k, size = 1, nbytes[i]
                 while k < len(free) and i + k < n and \
-                        page.nbytes + size + nbytes[i + k] <= PAGE_BYTES_LIMIT:
+                        page.nbytes + size + nbytes[i + k] <= limit:
                     size += nbytes[i + k]
                     k += 1
             cut = len(free) - k
@@ -458,13 +514,17 @@ class MemoryTier:
             page.keys_version += 1
             self.mark_dirty(page, now, lsn)
             if page.state == RESIDENT:
+                self.resident_bytes += size
                 self.touch(page)
+                if self.max_bytes is not None and self.resident_bytes > self.max_bytes:
+                    self.shrink(page)
             i = end
         return i
 
     def fits(self, page: Page, nbytes: int) -> bool:
-        """Whether an overwrite of ``nbytes`` keeps ``page`` within the byte limit."""
-        return page.nbytes + nbytes <= PAGE_BYTES_LIMIT
+        """Whether an overwrite of ``nbytes`` keeps ``page`` within the byte
+        limit of a page (:data:`PAGE_BYTES_LIMIT`, or ``max_bytes`` if lower)."""
+        return page.nbytes + nbytes <= self.page_bytes_limit
 
     def update(self, page: Page, slot: int, held: Any, expire_at: float | None,
                now: float, lsn: int, nbytes: int) -> None:
@@ -481,6 +541,11 @@ class MemoryTier:
             self.table[key] = [page, slot, held if expire_at is None else HAS_TTL]
         page.nbytes += nbytes
         self.mark_dirty(page, now, lsn)
+        if page.state == RESIDENT:
+            self.resident_bytes += nbytes
+            if self.max_bytes is not None and self.resident_bytes > self.max_bytes:
+                self.touch(page)  # the caller's page is the last to go
+                self.shrink(page)
 
     def remove(self, key: Any, now: float, lsn: int) -> tuple[Page, int]:
         """Remove ``key`` (which must be in the table); return its old place."""
@@ -511,6 +576,8 @@ class MemoryTier:
         if self.policy is not None:
             self.policy.clear()
         self.resident = 0
+        self.resident_bytes = 0
+        self.departed.clear()
         self.dirty.clear()
         self.free.clear()
         self.open_page = None
@@ -540,6 +607,8 @@ class MemoryTier:
         if self.pages.get(page.page_id) is not page:
             return  # forgotten meanwhile (clear())
         if page.version == version:
+            if page.state == RESIDENT:
+                self.resident_bytes += nbytes - page.nbytes
             page.nbytes = nbytes
             self.dirty.pop(page.page_id, None)
             page.dirty_since = None

@@ -334,7 +334,7 @@ class TinyLFU:
             self._demote()
         while self.sizes[WINDOW] > self.window_cap:
             cand = self._take(WINDOW)
-            if tier.resident <= tier.max_pages:
+            if not tier.over():
                 self._file(cand, PROBATION, cand.stamp)
                 continue
             victim = self._peek(PROBATION)
@@ -352,14 +352,24 @@ class TinyLFU:
             else:
                 self._leave(cand)
                 self.rejected += 1
-        while tier.resident > tier.max_pages:   # defensive: only the window can overfill
+        # only the window can overfill the page bound; the byte bound
+        # (tier.max_bytes) can be passed by a big page coming in
+        self.shrink(page)
+
+    def shrink(self, keep: Any = None) -> None:
+        """Evict while the tier is over a bound: probation's LRU page first,
+        then protected's, then the window's (``keep`` never; the page a
+        caller uses, and the one being admitted)."""
+        tier = self.tier
+        while tier.over():
             for seg in (PROBATION, PROTECTED, WINDOW):
                 victim = self._take(seg)
-                if victim is not None and victim is not page:
+                if victim is not None and victim is not keep:
                     self._leave(victim)
                     break
-                if victim is page:
-                    self._file(page, WINDOW, page.stamp)
+                if victim is keep and victim is not None:
+                    self._file(keep, seg, keep.stamp)
+                    # keep is the only page left in seg: try the next segment
             else:
                 break
 

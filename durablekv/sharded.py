@@ -135,7 +135,12 @@ class ShardedCache(MutableMapping):
     :param options: every other keyword is passed to each shard's
         :class:`Cache` (``page_size``, ``durability``, ``clock``, ...).
         ``max_pages`` is per shard: the memory tier holds at most
-        ``shards * max_pages`` pages in all.
+        ``shards * max_pages`` pages in all. ``max_memory_bytes`` and
+        ``size_limit`` are for the whole cache, bytes being what a machine
+        has: each shard gets ``max(1, N // shards)`` (keys are spread evenly
+        by hash), so the memory tiers hold at most ``N`` bytes in all plus
+        one page per shard, and the stores as much plus one flush's overshoot
+        per shard (see ``Cache``).
     :raises ConfigError: a bad shard count or option.
     :raises CacheLockedError: a shard is open elsewhere (no shard stays open).
     :raises ConfigError: ``SHARDS`` is damaged or missing beside shard directories.
@@ -184,6 +189,13 @@ class ShardedCache(MutableMapping):
                               f"shards={stored} (or None), or use a new directory")
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
         self.shard_count = stored
+        self.max_memory_bytes = options.get("max_memory_bytes")
+        self.size_limit = options.get("size_limit")
+        for opt in ("max_memory_bytes", "size_limit"):
+            total = options.get(opt)
+            if type(total) is int and total >= 1:
+                options[opt] = max(1, total // stored)
+            # anything else goes to Cache as given, which refuses it
         try:
             for i in range(stored):
                 shard = Cache(os.path.join(path, _shard_dir(i)), name=self.name, **options)
@@ -385,8 +397,10 @@ def sum_stats(parts: list[CacheStats]) -> CacheStats:
     total: dict[str, Any] = {}
     for f in dataclasses.fields(CacheStats):
         values = [getattr(p, f.name) for p in parts]
-        if f.name == "page_size":
-            total[f.name] = values[0] if values else 0
+        if f.name in ("page_size", "policy"):
+            total[f.name] = values[0] if values else f.default
+        elif f.name in ("max_memory_bytes", "size_limit"):
+            total[f.name] = None if not values or None in values else sum(values)
         elif f.name == "oldest_unflushed_seconds":
             total[f.name] = max(values, default=0.0)
         else:

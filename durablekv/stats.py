@@ -91,6 +91,7 @@ class CacheStats:
     :ivar deletes: entries removed by ``delete``, ``pop``, ``popitem`` and
         ``touch(key, 0)``.
     :ivar evictions: pages evicted from the memory tier.
+    :ivar store_evictions: pages evicted from the store by ``size_limit``.
     :ivar page_faults: pages made resident again (from SQLite or the queue).
     :ivar expirations: entries dropped because their TTL had passed.
     :ivar flushes: write-behind transactions committed.
@@ -100,6 +101,14 @@ class CacheStats:
     :ivar dirty_pages: *now*: pages (resident or pending) not yet in SQLite.
     :ivar resident_pages: *now*: pages in the memory tier.
     :ivar max_pages: the memory tier's bound in pages.
+    :ivar memory_bytes: *now*: bytes of the resident pages' entries (see
+        ``Cache(max_memory_bytes=)`` for how they are counted).
+    :ivar max_memory_bytes: the memory tier's bound in bytes; None: no bound.
+    :ivar store_data_bytes: *now*: bytes of the page blobs in the store, as of
+        its last commit (what ``size_limit`` bounds; ``store_bytes`` is the
+        file size, which also counts the key index and free file pages).
+    :ivar size_limit: the store's bound in bytes; None: no bound.
+    :ivar policy: the memory tier's replacement policy (``"lru"``, ``"tinylfu"``).
     :ivar page_size: slots per page.
     :ivar log_bytes: *now*: bytes in the replay log's segments.
     :ivar store_bytes: *now*: bytes of ``pages.sqlite3`` and its WAL.
@@ -124,6 +133,7 @@ class CacheStats:
     sets: int = 0
     deletes: int = 0
     evictions: int = 0
+    store_evictions: int = 0
     page_faults: int = 0
     expirations: int = 0
     flushes: int = 0
@@ -133,6 +143,11 @@ class CacheStats:
     dirty_pages: int = 0
     resident_pages: int = 0
     max_pages: int = 0
+    memory_bytes: int = 0
+    max_memory_bytes: int | None = None
+    store_data_bytes: int = 0
+    size_limit: int | None = None
+    policy: str = "lru"
     page_size: int = 0
     log_bytes: int = 0
     store_bytes: int = 0

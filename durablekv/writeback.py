@@ -24,7 +24,7 @@ from .config import _BYTES, _REAL_MONOTONIC, _STR, _U32_PACK
 from .errors import CorruptStoreError, StoreError
 from .expiry import _SWEEP_RETRY
 from .keyfilter import KeyFilter
-from .pages import EMPTY
+from .pages import EMPTY, RESIDENT
 from .stores.base import PageImage
 from .stores.pageformat import ASCII_KEYS, RAW_BYTES, encode_columns, encode_page
 
@@ -49,11 +49,15 @@ class _Snapshot:
     stop short of the first change still uncommitted.
     """
 
-    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "built", "ttl_clock")
+    __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "built", "ttl_clock",
+                 "keep", "left")
 
     def __init__(self, cache: "Cache", items: list, checkpoint_lsn: int, clear: bool,
-                 clear_lsn: int, ttl_clock: tuple[float, float]) -> None:
+                 clear_lsn: int, ttl_clock: tuple[float, float],
+                 keep: frozenset = frozenset(), left: list | None = None) -> None:
         self.cache = cache
+        self.keep = keep  # with size_limit: ids of the pages in memory
+        self.left = left or []  # with size_limit: pages that left memory clean
         self.ttl_clock = ttl_clock
         self.items = items
         self.checkpoint_lsn = checkpoint_lsn
@@ -153,7 +157,8 @@ class _Snapshot:
             if lsn is not None:
                 checkpoint = min(checkpoint, lsn - 1)
         held = frozenset(self.items[j][0].page_id for j in uncommitted)
-        return Batch(images, checkpoint, count, ttl, clear, rewritten, held, self.ttl_clock)
+        return Batch(images, checkpoint, count, ttl, clear, rewritten, held, self.ttl_clock,
+                     self.cache.size_limit, self.keep, self.left)
 
 
 class WriteBack:
@@ -239,9 +244,13 @@ class WriteBack:
     def take_snapshot(self) -> _Snapshot | None:
         with self._lock:
             tier = self._tier
+            limit = self.size_limit
             if not tier.dirty and not self._clear_pending and \
                     self._last_lsn <= self._store.checkpoint_lsn and \
-                    self._ttl_clock == self._store.ttl_clock:
+                    self._ttl_clock == self._store.ttl_clock and \
+                    (limit is None or not tier.departed and (
+                        self._store.data_bytes <= limit or
+                        self._store_stuck == (len(tier.pages), tier.evictions))):
                 return None
             # A commit follows (see Store.pause_snapshot). First, so that a
             # failure here leaves no page marked as in flight.
@@ -250,8 +259,20 @@ class WriteBack:
                       list(p.keys), list(p.values), list(p.expires), p.stored_n, p.stored_ttl_n,
                       tier.start_flush(p))
                      for p in tier.dirty.values()]
+            if limit is None:
+                return _Snapshot(self, items, self._last_lsn, self._clear_pending,
+                                 self._clear_lsn, self._ttl_clock)
+            # The store evicts no resident page. A page it evicts is then
+            # either out of memory (its committed image was its latest state)
+            # or pending and written by this very transaction, which it
+            # leaves memory with; either way any later change is in the log
+            # after the checkpoint, so recovery brings back no older value.
+            # (A page faulted in, or changed, while the commit runs stays in
+            # memory: flush_done has it written again.)
+            left, tier.departed = tier.departed, []
+            keep = frozenset([pid for pid, p in tier.pages.items() if p.state == RESIDENT])
             return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn,
-                             self._ttl_clock)
+                             self._ttl_clock, keep, left)
 
     def flush_done(self, snap: _Snapshot, indices: list[int] | None,
                    added: list[bytes]) -> None:
@@ -277,6 +298,10 @@ class WriteBack:
                 p, version, kv = snap.items[i][:3]
                 n, ttl_n, nbytes = snap.built[i]
                 tier.flushed(p, version, kv, n, ttl_n, nbytes)
+            if self.size_limit is not None:
+                self._store_evicted()
+            # a page's exact size (its blob) may pass what its sets accounted
+            tier.shrink()
             if snap.clear:
                 snap.clear = False  # committed with these pages
                 if self._clear_lsn == snap.clear_lsn:
@@ -290,6 +315,27 @@ class WriteBack:
                 self._batcher.kick()
             self._cond.notify_all()
 
+    def _store_evicted(self) -> None:
+        """Account for the pages the store just evicted for ``size_limit``
+        (lock held): their entries leave ``len()``. A page faulted in from
+        the store while the commit ran is in memory but no longer stored:
+        it is written again (as a page never stored) by the next flush."""
+        store, tier = self._store, self._tier
+        evicted = store.take_evicted()
+        self._store_evictions += len(evicted)
+        for pid, n, ttl_n in evicted:
+            page = tier.pages.get(pid)
+            if page is None:
+                self._count -= n
+                self._ttl_count -= ttl_n
+                continue
+            page.stored_n = page.stored_ttl_n = 0
+            page.stored_keys_version = page.keys_version - 1
+            tier.mark_dirty(page, _REAL_MONOTONIC[0](), self._last_lsn + 1)
+        limit = self.size_limit
+        self._store_stuck = ((len(tier.pages), tier.evictions)
+                             if store.data_bytes > limit else None)
+
     def _filter_committed(self, snap: _Snapshot, cks: list[bytes]) -> None:
         """Keys ``snap``'s commit added to the key index go into the key filter
         (lock held), unless the cache was cleared since the snapshot: the
@@ -299,6 +345,10 @@ class WriteBack:
 
     def flush_failed(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
         with self._lock:
+            if snap.left:
+                # their last use is recorded by a later flush instead
+                self._tier.departed[:0] = snap.left
+                snap.left = []
             for i in (range(len(snap.items)) if indices is None else indices):
                 self._tier.flush_failed(snap.items[i][0])
             self._store.resume_snapshot()

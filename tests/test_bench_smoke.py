@@ -149,6 +149,63 @@ def test_opt_matches_exhaustive_search() -> None:
         req = sim.Requests("t", [sim.GET] * n, keys, [0] * n, len(set(keys)), n, True)
         assert sim.opt(req, slots) == best(tuple(keys), slots), (keys, slots)
         assert sim.page_lru(req, 1, slots)["memory_hits"] == sim.lru(req, slots)
+        assert sim.page_midpoint(req, 1, slots)["memory_hits"] == sim.lru(req, slots)
+
+
+def _midpoint_model(keys: list, page_size: int, max_pages: int, old_fraction: float) -> int:
+    """Partial pages with midpoint insertion, on plain lists (MRU first)."""
+    budget = max_pages * page_size
+    young_cap = max(1, budget - int(old_fraction * budget))
+    young: list = []
+    old: list = []
+    page_of: dict = {}
+    members: dict = {}
+    hits = 0
+    for k in keys:
+        if k in young or k in old:
+            hits += 1
+            (young if k in young else old).remove(k)
+            young.insert(0, k)
+        else:
+            young.insert(0, k)
+            if k in page_of:
+                for m in members[page_of[k]]:
+                    if m not in young and m not in old:
+                        old.insert(0, m)
+            else:
+                pid = len(page_of) // page_size
+                page_of[k] = pid
+                members.setdefault(pid, []).append(k)
+        while len(young) > young_cap:
+            old.insert(0, young.pop())
+        while len(young) + len(old) > budget:
+            (old or young).pop()
+    return hits
+
+
+def test_page_midpoint() -> None:
+    """bench.sim.page_midpoint: a hand-worked trace, and random traces against
+    a list model of the same rules."""
+    from bench import sim
+
+    # page_size 2, 4 pages: a budget of 8 entries, 3 of them old. After ten
+    # new keys (pages ab cd ef gh ij) young is j i h g f and old e d c; a get
+    # of a faults page 0 in: a goes young, its neighbour b to the midpoint,
+    # f moves down to old, c and d leave; b and e are then memory hits, c is
+    # not (it left), and its fault brings d back as a neighbour.
+    keys = list("abcdefghij") + list("abec")
+    req = sim.Requests("t", [sim.GET] * len(keys), keys, [0] * len(keys), 10, len(keys), True)
+    assert sim.page_midpoint(req, 2, 4) == {
+        "memory_hits": 2, "store_hits": 2, "misses": 10, "page_faults": 2,
+        "prefetched": 2, "prefetch_hits": 1}
+    rng = random.Random(7)
+    for _ in range(300):
+        n, u = rng.randrange(1, 60), rng.randrange(1, 30)
+        ps, mp, of = rng.choice((1, 2, 4)), rng.randrange(1, 5), rng.choice((0.25, 3 / 8, 0.5))
+        keys = [rng.randrange(u) for _ in range(n)]
+        req = sim.Requests("t", [sim.GET] * n, keys, [0] * n, len(set(keys)), n, True)
+        assert sim.page_midpoint(req, ps, mp, of)["memory_hits"] == \
+            _midpoint_model(keys, ps, mp, of), (keys, ps, mp, of)
 
 
 def test_policy_table_from_one_run(tmp_path):
@@ -158,12 +215,13 @@ def test_policy_table_from_one_run(tmp_path):
 
     from .conftest import trace_path
     req = sim.load(trace_path("scarab_recs.i64be"), 20_000)
-    c = sim.curves(req, (0.01, 0.10), (4,), (4,))
+    c = sim.curves(req, (0.01, 0.10), (4,), (4,), (4,))
     c.update(requests=len(req.ops), gets=req.gets, unique_keys=req.unique, whole_trace=False)
     # W-TinyLFU at entries is never below LRU by more than a point here, and
     # page_size=1 of the tier's simulator is the entry-level LRU
     assert all(t >= l - 0.01 for t, l in zip(c["tinylfu"], c["lru"]))
     assert sim.page_lru(req, 1, c["slots"][0])["memory_hits"] / req.gets == c["lru"][0]
+    assert len(c["page_midpoint"]["4"]) == len(c["faults_midpoint"]["4"]) == 2
     doc = tmp_path / "policy.md"
     doc.write_text(f"intro\n{policy.MARK_BEGIN}\nold\n{policy.MARK_END}\nafter\n")
     policy.write_doc({"scarab_recs.i64be": c}, doc)
@@ -171,3 +229,5 @@ def test_policy_table_from_one_run(tmp_path):
     assert "old" not in text and text.startswith("intro") and text.endswith("after\n")
     rows = [ln for ln in text.splitlines() if ln.startswith("| scarab")]
     assert len(rows) == 4 and "| 1% |" in rows[0] and "| 10% |" in rows[3]
+    # the page rows carry the three item-1 verdicts (page-LRU / re-homing / midpoint)
+    assert rows[1].rstrip(" |").split("| ")[-1].count("/") == 2

@@ -127,12 +127,15 @@ def test_panels_cover_the_issue(dashboard):
     for q in ("0.5", "0.9", "0.99"):
         assert f"histogram_quantile({q}, sum by (cache, le) (rate(durablekv_flush_duration_seconds_bucket" in everything
     assert 'tier="memory"' in everything and 'tier="store"' in everything
+    assert "sum by (cache, tier) (rate(durablekv_evictions_total" in everything  # both tiers
     for name in ("durablekv_flush_pages_sum", "durablekv_flush_pages_count", "durablekv_sets_total",
                  "durablekv_deletes_total", "durablekv_misses_total", "durablekv_evictions_total",
                  "durablekv_page_faults_total", "durablekv_pending_pages",
                  "durablekv_oldest_unflushed_age_seconds", "durablekv_resident_pages",
                  "durablekv_max_pages", "durablekv_replay_log_bytes", "durablekv_store_bytes",
-                 "durablekv_recovery_duration_seconds", "durablekv_recovered_records"):
+                 "durablekv_recovery_duration_seconds", "durablekv_recovered_records",
+                 "durablekv_memory_bytes", "durablekv_max_memory_bytes",
+                 "durablekv_store_data_bytes", "durablekv_size_limit_bytes"):
         assert name in everything, name
 
 

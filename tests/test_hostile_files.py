@@ -82,6 +82,10 @@ def test_a_store_from_before_page_checksums_gets_them_when_opened(tmp_path):
     d = tmp_path / "c"
     values = _filled(d, 50)
     conn = sqlite3.connect(d / STORE)
+    # what migration 0004 (size_limit) added goes first: a schema-2 store had none of it
+    conn.execute("DROP INDEX pages_by_last_use")
+    conn.execute("ALTER TABLE pages DROP COLUMN last_use")
+    conn.execute("DELETE FROM meta WHERE name = 'data_bytes'")
     conn.execute("ALTER TABLE pages DROP COLUMN crc")
     conn.execute("PRAGMA user_version = 2")
     conn.commit()
@@ -90,7 +94,7 @@ def test_a_store_from_before_page_checksums_gets_them_when_opened(tmp_path):
     with Cache(d) as cache:
         assert {k: cache[k] for k in values} == values
     conn = sqlite3.connect(d / STORE)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
     assert conn.execute("SELECT COUNT(*) FROM pages WHERE crc < 0").fetchone()[0] == 0
     conn.close()
     assert check_directory(str(d)).ok

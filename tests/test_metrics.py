@@ -39,7 +39,6 @@ COUNTERS = {
     "durablekv_misses_total": "misses",
     "durablekv_sets_total": "sets",
     "durablekv_deletes_total": "deletes",
-    "durablekv_evictions_total": "evictions",
     "durablekv_page_faults_total": "page_faults",
     "durablekv_expirations_total": "expirations",
     "durablekv_flushes_total": "flushes",
@@ -51,6 +50,10 @@ GAUGES = {
     "durablekv_dirty_pages": "dirty_pages",
     "durablekv_resident_pages": "resident_pages",
     "durablekv_max_pages": "max_pages",
+    "durablekv_memory_bytes": "memory_bytes",
+    "durablekv_max_memory_bytes": "max_memory_bytes",
+    "durablekv_store_data_bytes": "store_data_bytes",
+    "durablekv_size_limit_bytes": "size_limit",
     "durablekv_replay_log_bytes": "log_bytes",
     "durablekv_store_bytes": "store_bytes",
     "durablekv_oldest_unflushed_age_seconds": "oldest_unflushed_seconds",
@@ -62,6 +65,11 @@ GAUGES = {
     "durablekv_recovery_duration_seconds": "recovery_seconds",
 }
 HISTOGRAMS = ("durablekv_flush_duration_seconds", "durablekv_flush_pages")
+#: Counters with a tier label: tier -> CacheStats field.
+TIERED = {
+    "durablekv_hits_total": {"memory": "memory_hits", "store": "store_hits"},
+    "durablekv_evictions_total": {"memory": "evictions", "store": "store_evictions"},
+}
 #: Every family DESIGN.md names (the collector may expose more).
 DESIGN_FAMILIES = {
     "durablekv_hits", "durablekv_misses", "durablekv_evictions", "durablekv_page_faults",
@@ -128,14 +136,17 @@ def traffic(cache) -> None:
 
 
 def assert_scrape_matches_stats(samples, name: str, stats: CacheStats, histograms: dict) -> None:
-    assert value(samples, "durablekv_hits_total", name, tier="memory") == stats.memory_hits
-    assert value(samples, "durablekv_hits_total", name, tier="store") == stats.store_hits
+    for sample, tiers in TIERED.items():
+        for tier, field in tiers.items():
+            assert value(samples, sample, name, tier=tier) == getattr(stats, field), sample
     for sample, field in COUNTERS.items():
         assert value(samples, sample, name) == getattr(stats, field), sample
     for sample, field in GAUGES.items():
         if field == "oldest_unflushed_seconds":  # moves with the clock while something is dirty
             continue
-        assert value(samples, sample, name) == pytest.approx(getattr(stats, field)), sample
+        want = getattr(stats, field)
+        want = float("inf") if want is None else want  # an unset bound
+        assert value(samples, sample, name) == pytest.approx(want), sample
     for family, key in (("durablekv_flush_duration_seconds", "flush_seconds"),
                         ("durablekv_flush_pages", "flush_pages")):
         snap = histograms[key]
@@ -239,6 +250,8 @@ def test_every_design_family_is_exposed_with_help_and_cache_label(tmp_path):
         for s in family.samples:
             assert s.labels.get("cache") == "only", s
     assert {s.labels["tier"] for s in families["durablekv_hits"].samples} == {"memory", "store"}
+    assert {s.labels["tier"] for s in families["durablekv_evictions"].samples} == \
+        {"memory", "store"}
     types = {name: typ for name, typ, _ in METRIC_FAMILIES}
     assert types["durablekv_flush_duration_seconds"] == types["durablekv_flush_pages"] == "histogram"
     for name, typ in types.items():

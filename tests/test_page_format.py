@@ -133,6 +133,9 @@ def make_version_1_store(d) -> None:
     for pid, data in conn.execute("SELECT page_id, data FROM pages").fetchall():
         conn.execute("UPDATE pages SET data = ? WHERE page_id = ?",
                      (_encode_v1(list(decode_page(data))), pid))
+    conn.execute("DROP INDEX pages_by_last_use")  # added by schema version 4, with:
+    conn.execute("ALTER TABLE pages DROP COLUMN last_use")
+    conn.execute("DELETE FROM meta WHERE name = 'data_bytes'")
     conn.execute("ALTER TABLE pages DROP COLUMN crc")  # added by schema version 3
     conn.execute("PRAGMA user_version = 1")
     conn.commit()

@@ -257,7 +257,7 @@ def test_a_database_with_a_newer_schema_is_refused(pg, tmp_path):
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE dkv_schema SET version = 99")
     with pytest.raises(SchemaVersionError, match="schema version 99, but this durablekv "
-                       "supports up to 1; upgrade durablekv"):
+                       "supports up to 2; upgrade durablekv"):
         Cache(tmp_path / "b", store=url, namespace="n")
 
 

@@ -248,9 +248,12 @@ def test_replay_scraped_by_prometheus_serves_every_dashboard_query(tmp_path):
             ratio = prom.scalar(f"{tier_hits} / ({hits} + {misses})", at=at)
             assert abs(ratio - report[f"{tier}_hit_ratio"]) <= 0.01, (tier, ratio, report)
             assert prom.scalar(tier_hits, at=at) == report[f"{tier}_hits"]
-        for name, key in (("durablekv_misses_total", "misses"), ("durablekv_evictions_total", "evictions"),
+        for name, key in (("durablekv_misses_total", "misses"),
+                          ('durablekv_evictions_total{tier="memory"}', "evictions"),
                           ("durablekv_page_faults_total", "page_faults")):
-            assert prom.scalar(f"sum({name}{{{exact}}})", at=at) == report[key], name
+            name, _, tier = name.partition("{")
+            sel = f"{exact}, {tier.rstrip('}')}" if tier else exact
+            assert prom.scalar(f"sum({name}{{{sel}}})", at=at) == report[key], name
         # look-aside: the cache saw the trace's sets plus one fill per miss
         assert prom.scalar(f"sum(durablekv_sets_total{{{exact}}})", at=at) == report["sets"] + report["misses"]
         # the report is taken after a final flush(); Prometheus may have scraped just before it

@@ -31,6 +31,11 @@ Contracts every store keeps (the conformance suite tests each one):
    (:func:`meta_problems`) raises :class:`~durablekv.errors.CorruptStoreError`;
    one made with other fixed settings (``page_size``, serializer) raises
    :class:`~durablekv.errors.ConfigError`.
+7. **Size limit.** A batch with ``size_limit`` evicts least recently used
+   pages not in ``keep_pages`` until :attr:`PageStore.data_bytes` is at most
+   the limit; evicted keys are gone from pages, index and counts, every
+   other key keeps its value, and :meth:`PageStore.take_evicted` reports
+   each evicted page once.
 
 Threads: the cache calls the read methods under its lock; only the batcher
 thread calls :meth:`PageStore.write_batch` and :meth:`PageStore.iter_keys`
@@ -100,6 +105,8 @@ def meta_problems(meta: dict[str, Any], max_page_id: Any, min_page_id: Any,
     if "serializer" in meta and type(meta["serializer"]) is not str:
         out.append(f"meta serializer={meta['serializer']!r} is not a codec name")
     need_int("checkpoint_lsn", meta.get("checkpoint_lsn"), 0, _ID_MAX)
+    if "data_bytes" in meta:
+        need_int("data_bytes", meta["data_bytes"], 0, _ID_MAX)
     bound = max(store_bytes, 0)
     if need_int("key_count", meta.get("key_count"), 0, bound,
                 f" (a store of {store_bytes} bytes cannot hold more keys)"):
@@ -137,6 +144,8 @@ class PageStore(Protocol):
     ttl_key_count: int
     #: highest page id the store held at open (0: none); new pages are numbered above it
     max_page_id: int
+    #: bytes of the page blobs as last committed (``Cache(size_limit=)`` bounds it)
+    data_bytes: int
     #: ``(offset seconds, TTL time reached)`` of the TTL clock as last committed,
     #: ``(0.0, -inf)`` when it never stepped over a wall clock that went back
     ttl_clock: tuple[float, float]
@@ -196,18 +205,39 @@ class PageStore(Protocol):
     def write_batch(self, images: Sequence[PageImage], checkpoint_lsn: int, key_count: int,
                     ttl_key_count: int, clear: bool = False, *,
                     held_pages: Set[int] = frozenset(),
-                    ttl_clock: tuple[float, float] | None = None) -> list[bytes]:
+                    ttl_clock: tuple[float, float] | None = None,
+                    size_limit: int | None = None, keep_pages: Container[int] = frozenset(),
+                    left_pages: Sequence[int] = ()) -> list[bytes]:
         """Write ``images`` (``n == 0`` deletes the page), their index changes,
         the counts and ``checkpoint_lsn`` in ONE transaction (contract 1).
+
+        Every page written gets ``checkpoint_lsn`` as its *last use*, and so do
+        the stored pages ``left_pages`` (pages that just left the memory
+        tier). Then, when ``size_limit`` is given and :attr:`data_bytes`
+        passes it, the same transaction evicts stored pages, least recently
+        used first (smallest last use, then page id), skipping ``keep_pages``
+        (the pages in the cache's memory), with their index rows, until
+        ``data_bytes <= size_limit`` or only kept pages are left (contract 7).
+        The counts stored are ``key_count``/``ttl_key_count`` less the
+        evicted entries; :meth:`take_evicted` tells which pages went.
 
         :param clear: delete every page and index row first (``Cache.clear()``).
         :param held_pages: dirty pages left out of this commit; a key moving
             from one of them into a page written here is refused.
         :param ttl_clock: the TTL clock to store, when it changed.
+        :param size_limit: bytes of page blobs to evict down to; None: none.
+        :param keep_pages: ids of pages never to evict in this batch.
+        :param left_pages: ids of stored pages whose last use becomes
+            ``checkpoint_lsn`` (unknown ids are ignored).
         :returns: canonical keys whose index rows this commit added.
         :raises StoreError: the transaction failed and was rolled back.
         :raises HeldKeyError: see ``held_pages`` (nothing was written).
         """
+        ...
+
+    def take_evicted(self) -> list[tuple[int, int, int]]:
+        """``(page_id, entries, entries with an expiry)`` of the pages that
+        committed batches evicted since the last call (each reported once)."""
         ...
 
     def pause_snapshot(self) -> None:

@@ -145,6 +145,7 @@ def _typed_meta(meta: dict[str, str]) -> dict[str, Any]:
     stays text, which that check reports."""
     out: dict[str, Any] = dict(meta)
     for name, kind in (("page_size", int), ("checkpoint_lsn", int), ("key_count", int),
+                       ("data_bytes", int),
                        ("ttl_key_count", int), ("ttl_clock_offset", float),
                        ("ttl_clock_now", float)):
         if name in meta:
@@ -153,6 +154,18 @@ def _typed_meta(meta: dict[str, str]) -> dict[str, Any]:
             except ValueError:
                 pass
     return out
+
+
+class _Either:
+    """``x in _Either(a, b)``: in either container (no copy of a large set)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[Any], b: Container[Any]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.a or x in self.b
 
 
 class PostgresPageStore:
@@ -198,8 +211,10 @@ class PostgresPageStore:
         self._r: Any = None
         self.ns_id = 0
         # a flush whose COMMIT lost its connection: (flush_seq, added keys,
-        # checkpoint_lsn, key_count, ttl_key_count, ttl_clock), until resolved
+        # checkpoint_lsn, key_count, ttl_key_count, ttl_clock, data_bytes,
+        # evicted pages), until resolved
         self._unknown: tuple | None = None
+        self._evicted: list[tuple[int, int, int]] = []  # see take_evicted()
         self._carry: list[bytes] = []  # added keys of such a flush that had landed
         try:
             self._w = self._connect()
@@ -226,6 +241,8 @@ class PostgresPageStore:
         self.key_count: int = int(meta["key_count"])
         self.ttl_key_count: int = int(meta["ttl_key_count"])
         self._flush_seq = int(meta.get("flush_seq", 0))
+        #: bytes of the page blobs as last committed (what size_limit bounds)
+        self.data_bytes: int = int(meta.get("data_bytes", 0))
         self.ttl_clock: tuple[float, float] = (
             (0.0, -math.inf) if "ttl_clock_offset" not in meta else
             (float(meta["ttl_clock_offset"]), float(meta["ttl_clock_now"])))
@@ -544,10 +561,13 @@ class PostgresPageStore:
     def write_batch(self, images: Sequence[PageImage], checkpoint_lsn: int, key_count: int,
                     ttl_key_count: int, clear: bool = False, *,
                     held_pages: Set[int] = frozenset(),
-                    ttl_clock: tuple[float, float] | None = None) -> list[bytes]:
+                    ttl_clock: tuple[float, float] | None = None,
+                    size_limit: int | None = None, keep_pages: Container[int] = frozenset(),
+                    left_pages: Sequence[int] = ()) -> list[bytes]:
         """Write pages, index changes, the checkpoint LSN and the counts in ONE
         transaction; parameters, result and errors as
-        :meth:`durablekv.stores.base.PageStore.write_batch`.
+        :meth:`durablekv.stores.base.PageStore.write_batch` (eviction for
+        ``size_limit`` included).
 
         :raises StoreError: the transaction failed and was rolled back, or
             the connection was lost and the namespace taken over meanwhile.
@@ -565,9 +585,30 @@ class PostgresPageStore:
                     if clear:
                         cur.execute("DELETE FROM dkv_keys WHERE ns_id = %s", (ns,))
                         cur.execute("DELETE FROM dkv_pages WHERE ns_id = %s", (ns,))
-                    added = self._write_pages(cur, images, clear, held_pages)
+                    data_bytes = 0 if clear else self.data_bytes - self._stored_bytes(
+                        cur, [img.page_id for img in images if img.stored])
+                    data_bytes += sum(len(img.data) for img in images if img.n)
+                    evicted: list[tuple[int, int, int]] = []
+                    if size_limit is not None and data_bytes > size_limit and not clear:
+                        # other pages first (see the SQLite store): never the
+                        # pages written here, nor those this batch marks as used
+                        skip = {img.page_id for img in images} | set(left_pages)
+                        data_bytes, evicted = self._evict(
+                            cur, data_bytes, size_limit,
+                            skip if not keep_pages else _Either(keep_pages, skip))
+                    added = self._write_pages(cur, images, clear, held_pages, checkpoint_lsn)
+                    if left_pages and not clear:
+                        cur.execute("UPDATE dkv_pages SET last_use = %s WHERE ns_id = %s AND "
+                                    "page_id = ANY(%s)", (checkpoint_lsn, ns, list(left_pages)))
+                    if size_limit is not None and data_bytes > size_limit:
+                        data_bytes, more = self._evict(cur, data_bytes, size_limit, keep_pages)
+                        evicted += more
+                    if evicted:
+                        key_count -= sum(e[1] for e in evicted)
+                        ttl_key_count -= sum(e[2] for e in evicted)
                     meta = [("checkpoint_lsn", checkpoint_lsn), ("key_count", key_count),
-                            ("ttl_key_count", ttl_key_count), ("flush_seq", seq)]
+                            ("ttl_key_count", ttl_key_count), ("flush_seq", seq),
+                            ("data_bytes", data_bytes)]
                     if ttl_clock is not None and ttl_clock != self.ttl_clock:
                         meta += [("ttl_clock_offset", repr(ttl_clock[0])),
                                  ("ttl_clock_now", repr(ttl_clock[1]))]
@@ -586,25 +627,75 @@ class PostgresPageStore:
                 # flush_seq to learn it (now if the server is back, else at the
                 # next flush), so that the flush is neither applied twice nor,
                 # when it landed, reported failed.
-                self._unknown = (seq, added, checkpoint_lsn, key_count, ttl_key_count, ttl_clock)
+                self._unknown = (seq, added, checkpoint_lsn, key_count, ttl_key_count, ttl_clock,
+                                 data_bytes, evicted)
                 with contextlib.suppress(StoreError, psycopg.Error):
                     self._w.close()
                     self._writer()
                 if self._flush_seq != seq:
                     raise
                 return self._take_carry()
-        self._committed(seq, [], checkpoint_lsn, key_count, ttl_key_count, ttl_clock)
+        self._committed(seq, [], checkpoint_lsn, key_count, ttl_key_count, ttl_clock,
+                        data_bytes, evicted)
         return self._take_carry() + added
 
     def _committed(self, seq: int, added: list[bytes], checkpoint_lsn: int, key_count: int,
-                   ttl_key_count: int, ttl_clock: tuple[float, float] | None) -> None:
+                   ttl_key_count: int, ttl_clock: tuple[float, float] | None,
+                   data_bytes: int, evicted: list[tuple[int, int, int]]) -> None:
         """Record that flush ``seq`` committed with these values."""
         self._flush_seq = seq
+        self.data_bytes = data_bytes
+        self._evicted += evicted
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
         if ttl_clock is not None:
             self.ttl_clock = ttl_clock
+
+    def take_evicted(self) -> list[tuple[int, int, int]]:
+        """As :meth:`durablekv.stores.base.PageStore.take_evicted`."""
+        out, self._evicted = self._evicted, []
+        return out
+
+    def _stored_bytes(self, cur: Any, page_ids: list[int]) -> int:
+        """Bytes of the committed blobs of ``page_ids``."""
+        if not page_ids:
+            return 0
+        cur.execute("SELECT COALESCE(SUM(octet_length(data)), 0) FROM dkv_pages "
+                    "WHERE ns_id = %s AND page_id = ANY(%s)", (self.ns_id, page_ids))
+        return int(cur.fetchone()[0])
+
+    def _evict(self, cur: Any, data_bytes: int, size_limit: int,
+               keep: Container[int]) -> tuple[int, list[tuple[int, int, int]]]:
+        """As the SQLite store's ``_evict``: least recently used pages not in
+        ``keep`` go, with their index rows, until ``data_bytes <= size_limit``."""
+        ns = self.ns_id
+        after = (-1, -1)
+        victims: list[tuple[int, int]] = []
+        while data_bytes > size_limit:
+            cur.execute("SELECT page_id, n_entries, octet_length(data), last_use FROM dkv_pages "
+                        "WHERE ns_id = %s AND (last_use, page_id) > (%s, %s) "
+                        "ORDER BY last_use, page_id LIMIT 256", (ns, *after))
+            rows = cur.fetchall()
+            if not rows:
+                break
+            for pid, n, nb, used in rows:
+                after = (used, pid)
+                if pid in keep:
+                    continue
+                victims.append((pid, n))
+                data_bytes -= nb
+                if data_bytes <= size_limit:
+                    break
+        if not victims:
+            return data_bytes, []
+        pids = [v[0] for v in victims]
+        cur.execute("SELECT page_id, count(*) FROM dkv_keys WHERE ns_id = %s AND "
+                    "expire_at IS NOT NULL AND page_id = ANY(%s) GROUP BY page_id", (ns, pids))
+        ttl = {int(p): int(c) for p, c in cur.fetchall()}
+        cur.execute("DELETE FROM dkv_keys WHERE ns_id = %s AND page_id = ANY(%s)", (ns, pids))
+        cur.execute("DELETE FROM dkv_pages WHERE ns_id = %s AND page_id = ANY(%s)", (ns, pids))
+        return data_bytes, [(p, n, ttl.get(p, 0)) for p, n in victims]
 
     def _take_carry(self) -> list[bytes]:
         """Keys added by an earlier flush found landed after its COMMIT lost
@@ -621,7 +712,7 @@ class PostgresPageStore:
         here, which is what a COMMIT whose answer never arrives looks like)."""
 
     def _write_pages(self, cur: Any, images: Sequence[PageImage], clear: bool,
-                     held_pages: Set[int]) -> list[bytes]:
+                     held_pages: Set[int], last_use: int = 0) -> list[bytes]:
         """The page and index statements of one flush (see :meth:`write_batch`)."""
         ns = self.ns_id
         added: list[bytes] = []
@@ -692,11 +783,12 @@ class PostgresPageStore:
         if page_rows:
             pids = sorted(page_rows)
             cur.execute(
-                "INSERT INTO dkv_pages (ns_id, page_id, n_entries, data, crc) SELECT %s, * FROM "
+                "INSERT INTO dkv_pages (ns_id, page_id, n_entries, data, crc, last_use) "
+                "SELECT %s, *, %s FROM "
                 "unnest(%s::bigint[], %s::int[], %s::bytea[], %s::bigint[]) "
                 "ON CONFLICT (ns_id, page_id) DO UPDATE SET n_entries = EXCLUDED.n_entries, "
-                "data = EXCLUDED.data, crc = EXCLUDED.crc",
-                (ns, pids, [page_rows[p][0] for p in pids], [page_rows[p][1] for p in pids],
+                "data = EXCLUDED.data, crc = EXCLUDED.crc, last_use = EXCLUDED.last_use",
+                (ns, last_use, pids, [page_rows[p][0] for p in pids], [page_rows[p][1] for p in pids],
                  [page_crc(p, *page_rows[p]) for p in pids]))
         return added
 

@@ -8,11 +8,13 @@ have been applied.
 
 Tables:
 
-* ``pages(page_id, n_entries, data)``: one row per non-empty page.
+* ``pages(page_id, n_entries, data, crc, last_use)``: one row per non-empty
+  page; ``last_use`` (schema 4) orders pages for ``size_limit`` eviction.
 * ``keys(key, page_id, expire_at, orig)``: the key index, canonical key bytes
   (see :func:`durablekv.codec.canonical_key`) to the page holding the entry.
 * ``meta(name, value)``: ``page_size`` and ``serializer`` (fixed at creation),
-  ``checkpoint_lsn``, ``key_count`` and ``ttl_key_count`` (set by every flush),
+  ``checkpoint_lsn``, ``key_count``, ``ttl_key_count`` and ``data_bytes``
+  (the page blobs' total length) (set by every flush),
   and, once the TTL clock has had to step over a wall clock that went back,
   ``ttl_clock_offset`` (seconds added to the wall clock) and ``ttl_clock_now``
   (the latest TTL time then), so that TTL time stays monotonic across opens.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from itertools import repeat
 import logging
 import math
 import operator
@@ -149,6 +152,9 @@ class SQLitePageStore:
         self.checkpoint_lsn: int = meta["checkpoint_lsn"]
         self.key_count: int = meta["key_count"]
         self.ttl_key_count: int = meta["ttl_key_count"]
+        #: bytes of the page blobs as last committed (what size_limit bounds)
+        self.data_bytes: int = int(meta.get("data_bytes", 0))
+        self._evicted: list[tuple[int, int, int]] = []  # see take_evicted()
         self.max_page_id: int = max_pid or 0
         #: ``(offset, now)`` of the TTL clock as last committed (see
         #: ``Cache._now``); ``(0.0, -inf)`` when it never had to step over a
@@ -437,7 +443,9 @@ class SQLitePageStore:
     def write_batch(self, images: Sequence[PageImage], checkpoint_lsn: int, key_count: int,
                     ttl_key_count: int, clear: bool = False, *,
                     held_pages: Set[int] = frozenset(),
-                    ttl_clock: tuple[float, float] | None = None) -> list[bytes]:
+                    ttl_clock: tuple[float, float] | None = None,
+                    size_limit: int | None = None, keep_pages: Container[int] = frozenset(),
+                    left_pages: Sequence[int] = ()) -> list[bytes]:
         """Write pages, index changes and the checkpoint LSN in ONE transaction.
 
         Index rows are written as changes only: a page never stored before
@@ -455,6 +463,8 @@ class SQLitePageStore:
             :class:`HeldKeyError`: the page waits for the held one.
         :param ttl_clock: ``(offset, now)`` of the cache's TTL clock, stored
             when it differs from :attr:`ttl_clock` (see ``Cache._now``).
+        :param size_limit, keep_pages, left_pages: see
+            :meth:`durablekv.stores.base.PageStore.write_batch`.
         :returns: the canonical keys of the index rows this commit added (a
             key the page did not hold when last stored); the cache adds them
             to its key filter (see :mod:`durablekv.keyfilter`).
@@ -481,7 +491,8 @@ class SQLitePageStore:
                         if stored:
                             emptied.append((pid,))
                         continue
-                    page_rows.append((pid, img.n, img.data, page_crc(pid, img.n, img.data)))
+                    page_rows.append((pid, img.n, img.data, page_crc(pid, img.n, img.data),
+                                      checkpoint_lsn))
                     if rows is None:
                         continue
                     if stored:
@@ -491,6 +502,18 @@ class SQLitePageStore:
                         added += map(_first, rows)
                 if held_pages and added:
                     self._refuse_held_keys(conn, added, held_pages)
+                data_bytes = 0 if clear else self.data_bytes - self._stored_bytes(
+                    conn, [img.page_id for img in images if img.stored])
+                data_bytes += sum(len(r[2]) for r in page_rows)
+                evicted: list[tuple[int, int, int]] = []
+                if size_limit is not None and data_bytes > size_limit and not clear:
+                    # Other pages first, before the new images go in: the file
+                    # pages they free are then reused by this very transaction
+                    # (else the file would grow by a flush's worth each time).
+                    written = {img.page_id for img in images}
+                    data_bytes, evicted = self._evict(
+                        conn, data_bytes, size_limit,
+                        _Union(keep_pages, written), left_pages)
                 if emptied:
                     conn.executemany("DELETE FROM keys WHERE page_id = ?", emptied)
                     conn.executemany("DELETE FROM pages WHERE page_id = ?", emptied)
@@ -505,10 +528,21 @@ class SQLitePageStore:
                 self._insert_many(conn, "INSERT OR REPLACE INTO keys "
                                   "(key, page_id, expire_at, orig) VALUES ", 4, upserts)
                 self._insert_many(conn, "INSERT OR REPLACE INTO pages "
-                                  "(page_id, n_entries, data, crc) VALUES ", 4, page_rows)
-                conn.executemany("UPDATE meta SET value = ? WHERE name = ?",
-                                 [(checkpoint_lsn, "checkpoint_lsn"), (key_count, "key_count"),
-                                  (ttl_key_count, "ttl_key_count")])
+                                  "(page_id, n_entries, data, crc, last_use) VALUES ", 5,
+                                  page_rows)
+                if left_pages and not clear:
+                    conn.executemany("UPDATE pages SET last_use = ? WHERE page_id = ?",
+                                     zip(repeat(checkpoint_lsn), left_pages))
+                if size_limit is not None and data_bytes > size_limit:
+                    # still over: pending pages written just now may go too
+                    data_bytes, more = self._evict(conn, data_bytes, size_limit, keep_pages)
+                    evicted += more
+                if evicted:
+                    key_count -= sum(e[1] for e in evicted)
+                    ttl_key_count -= sum(e[2] for e in evicted)
+                conn.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
+                                 [("checkpoint_lsn", checkpoint_lsn), ("key_count", key_count),
+                                  ("ttl_key_count", ttl_key_count), ("data_bytes", data_bytes)])
                 if ttl_clock is not None and ttl_clock != self.ttl_clock:
                     conn.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
                                      [("ttl_clock_offset", ttl_clock[0]),
@@ -523,9 +557,69 @@ class SQLitePageStore:
         self.checkpoint_lsn = checkpoint_lsn
         self.key_count = key_count
         self.ttl_key_count = ttl_key_count
+        self.data_bytes = data_bytes
+        self._evicted += evicted
         if ttl_clock is not None:
             self.ttl_clock = ttl_clock
         return added
+
+    def take_evicted(self) -> list[tuple[int, int, int]]:
+        """``(page_id, entries, entries with an expiry)`` of every page that
+        committed batches evicted for ``size_limit`` since the last call."""
+        out, self._evicted = self._evicted, []
+        return out
+
+    def _stored_bytes(self, conn: sqlite3.Connection, page_ids: Sequence[int]) -> int:
+        """Bytes of the committed blobs of ``page_ids`` (``length()`` of a blob
+        reads its record header, not its data)."""
+        total = 0
+        for chunk in _batches(page_ids):
+            total += conn.execute("SELECT coalesce(sum(length(data)), 0) FROM pages WHERE "
+                                  f"page_id IN ({_marks(len(chunk))})", chunk).fetchone()[0]
+        return total
+
+    def _evict(self, conn: sqlite3.Connection, data_bytes: int, size_limit: int,
+               keep: Container[int], left: Sequence[int] = ()
+               ) -> tuple[int, list[tuple[int, int, int]]]:
+        """Delete least recently used pages not in ``keep``, with their index
+        rows, until ``data_bytes <= size_limit`` (or none is left to take).
+
+        ``left``: pages whose last use this batch records but has not yet
+        written (they are the most recently used: taken last).
+
+        :returns: the new ``data_bytes`` and ``(page_id, entries, ttl entries)``
+            of each page deleted."""
+        if left:
+            keep = _Union(keep, set(left))
+        after = (-1, -1)
+        victims: list[tuple[int, int]] = []
+        while data_bytes > size_limit:
+            rows = conn.execute(
+                "SELECT page_id, n_entries, length(data), last_use FROM pages "
+                "WHERE (last_use, page_id) > (?, ?) ORDER BY last_use, page_id LIMIT 256",
+                after).fetchall()
+            if not rows:
+                break
+            for pid, n, nb, used in rows:
+                after = (used, pid)
+                if pid in keep:
+                    continue
+                victims.append((pid, n))
+                data_bytes -= nb
+                if data_bytes <= size_limit:
+                    break
+        if not victims:
+            return data_bytes, []
+        ttl: dict[int, int] = {}
+        pids = [v[0] for v in victims]
+        for chunk in _batches(pids):
+            ttl.update(conn.execute(
+                "SELECT page_id, count(*) FROM keys WHERE expire_at IS NOT NULL AND "
+                f"page_id IN ({_marks(len(chunk))}) GROUP BY page_id", chunk))
+        gone = [(p,) for p in pids]
+        conn.executemany("DELETE FROM keys WHERE page_id = ?", gone)
+        conn.executemany("DELETE FROM pages WHERE page_id = ?", gone)
+        return data_bytes, [(p, n, ttl.get(p, 0)) for p, n in victims]
 
     def _trim_wal(self) -> None:
         """After a commit: once the ``-wal`` file passes :attr:`wal_size_limit`,
@@ -655,6 +749,18 @@ class SQLitePageStore:
                 if checkpoint_wal and attr == "_w":
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.close()
+
+
+class _Union:
+    """``x in _Union(a, b)``: in either container (no copy of a large set)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[Any], b: Container[Any]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.a or x in self.b
 
 
 #: Parameters per ``IN (...)`` statement: far below SQLite's limit on

@@ -3,7 +3,8 @@
 Each test takes ``store_factory`` (``tests/stores/conftest.py``), so a store
 that passes here keeps every contract the cache, the batcher, recovery and
 ``check`` rely on: batch atomicity, checkpoint ordering, a key index that
-agrees with the pages, reopen, damage detection and meta validation.
+agrees with the pages, reopen, damage detection, meta validation and
+eviction down to a size limit.
 """
 
 from __future__ import annotations
@@ -328,7 +329,8 @@ def test_the_store_has_every_protocol_member(store_factory):
                      "expired_by_page", "expired_pages", "any_key", "write_batch",
                      "pause_snapshot", "resume_snapshot", "size_bytes", "integrity_check",
                      "close", "path", "page_size", "checkpoint_lsn", "key_count",
-                     "ttl_key_count", "max_page_id", "ttl_clock"):
+                     "ttl_key_count", "max_page_id", "ttl_clock", "data_bytes",
+                     "take_evicted"):
             assert hasattr(store, name), name
         assert isinstance(store, PageStore)
         store.pause_snapshot()
@@ -336,3 +338,123 @@ def test_the_store_has_every_protocol_member(store_factory):
     finally:
         store.close()
     store.close()  # idempotent
+
+
+# -- contract 7: size limit ------------------------------------------------------
+
+
+def _blob_bytes(pages: dict[int, dict]) -> int:
+    return sum(len(image(pid, ents).data) for pid, ents in pages.items())
+
+
+def test_data_bytes_follow_every_write_rewrite_delete_and_clear(store_factory):
+    store = store_factory.open()
+    pages: dict[int, dict] = {}
+    try:
+        assert store.data_bytes == 0
+        batch(store, pages, 1, {1: {"a": (b"x" * 100, None)}, 2: {"b": (b"y" * 10, 5.0)}})
+        assert store.data_bytes == _blob_bytes(pages)
+        batch(store, pages, 2, {1: {"a": (b"x" * 5000, None), "c": (1, None)}, 2: {}})
+        assert store.data_bytes == _blob_bytes(pages)
+        store.close()
+        store = store_factory.open()
+        assert store.data_bytes == _blob_bytes(pages)
+        commit(store, [], 3, pages, model=[], clear=True)
+        pages.clear()
+        assert store.data_bytes == 0
+    finally:
+        store.close()
+
+
+def _fill(store, pages, n_pages: int, value_bytes: int) -> int:
+    """Pages 1..n_pages, one per batch (so page i was last used at LSN i)."""
+    for pid in range(1, n_pages + 1):
+        batch(store, pages, pid, {pid: {f"k{pid:03}-{j}": (bytes([pid]) * value_bytes, None)
+                                        for j in range(2)}})
+    return n_pages
+
+
+def test_a_size_limit_evicts_least_recently_used_pages_not_kept(store_factory):
+    store = store_factory.open()
+    pages: dict[int, dict] = {}
+    try:
+        lsn = _fill(store, pages, 10, 1000)
+        one = len(image(1, pages[1]).data)
+        assert store.data_bytes == 10 * one
+        # pages 3 and 5 were used again (they left memory at LSN 11); page 1 is kept
+        limit = 6 * one
+        added = batch(store, pages, lsn + 1, {}, size_limit=limit, keep_pages={1},
+                      left_pages=[3, 5])
+        assert added == []
+        evicted = store.take_evicted()
+        # least recently used first, skipping the kept page 1: 2, 4, 6, 7
+        assert [e[0] for e in evicted] == [2, 4, 6, 7]
+        assert all(e[1:] == (2, 0) for e in evicted)
+        assert store.take_evicted() == []          # each reported once
+        for pid, *_ in evicted:
+            del pages[pid]
+        assert store.data_bytes == 6 * one <= limit
+        assert_index_agrees(store, pages)           # counts exclude the evicted entries
+        for pid in pages:                           # every other key keeps its value
+            assert page_keys(store, pid) == pages[pid]
+        store.close()
+        assert_reopened(store_factory, pages, lsn + 1)
+        store = store_factory.open()
+        assert store.data_bytes == 6 * one
+    finally:
+        store.close()
+
+
+def test_eviction_goes_with_the_batch_that_passes_the_limit(store_factory):
+    """Pages written in the batch are the most recently used: older ones go
+    first, and TTL entries leave ttl_key_count."""
+    store = store_factory.open()
+    pages: dict[int, dict] = {}
+    try:
+        batch(store, pages, 1, {1: {"old": (b"o" * 3000, 99.0), "o2": (b"p", None)}})
+        batch(store, pages, 2, {2: {"mid": (b"m" * 3000, None)}})
+        limit = _blob_bytes({2: pages[2]}) + 4000
+        batch(store, pages, 3, {3: {"new": (b"n" * 3000, None)}}, size_limit=limit,
+              keep_pages=frozenset())
+        assert [e for e in store.take_evicted()] == [(1, 2, 1)]
+        del pages[1]
+        assert store.ttl_key_count == 0 and store.key_count == 2
+        assert_index_agrees(store, pages)
+        assert store.data_bytes <= limit
+    finally:
+        store.close()
+
+
+def test_only_kept_pages_left_stays_over_the_limit(store_factory):
+    store = store_factory.open()
+    pages: dict[int, dict] = {}
+    try:
+        lsn = _fill(store, pages, 3, 500)
+        batch(store, pages, lsn + 1, {}, size_limit=1, keep_pages={1, 2, 3})
+        assert store.take_evicted() == [] and store.data_bytes == _blob_bytes(pages)
+        assert_index_agrees(store, pages)
+    finally:
+        store.close()
+
+
+def test_an_evicting_batch_killed_before_its_commit_leaves_every_page(store_factory):
+    store = store_factory.open()
+    pages: dict[int, dict] = {}
+    try:
+        lsn = _fill(store, pages, 4, 800)
+        before = store.data_bytes
+
+        def boom(*a, **kw):
+            raise _Boom("stop")
+
+        setattr(store, store_factory.commit_hook, boom)
+        with pytest.raises((_Boom, StoreError)):
+            store.write_batch([], lsn + 1, 8, 0, size_limit=1, keep_pages=frozenset())
+    finally:
+        store.close()
+    store = store_factory.open()
+    try:
+        assert store.data_bytes == before and store.take_evicted() == []
+        assert_index_agrees(store, pages)
+    finally:
+        store.close()
