@@ -35,7 +35,20 @@ concurrent writers share one fsync (group commit, as in PostgreSQL's
 the batcher, once per ``flush_interval``. Segments are deleted only once a
 checkpoint at or beyond their last LSN is durably committed in SQLite.
 
-Fault-injection seams: :meth:`ReplayLog._write` and :meth:`ReplayLog._fsync`.
+Mapped segments: on file systems that overwrite preallocated blocks in
+place (:data:`MAPPED_FS_TYPES`: ext4, xfs, tmpfs) each record is instead
+stored into a shared mapping of the active segment, preallocated with
+``posix_fallocate`` ahead of the stores, so a full disk is a
+:class:`~durablekv.errors.LogWriteError` from that call and never a SIGBUS
+from a store. The record is in the OS (the page cache) when the store
+returns, as after a ``write``; fsync works as above. A sealed segment and
+a closed log are cut back to their last record; after a crash, recovery
+cuts the unused zero-filled end (:func:`~durablekv.logsegments.is_unused_end`).
+Elsewhere (copy-on-write file systems, network, FUSE, unidentified ones)
+every record is one ``write``. See docs/durability.md.
+
+Fault-injection seams: :meth:`ReplayLog._write` and :meth:`ReplayLog._fsync`. (replacing
+``_write`` also turns the mapping off: a record then goes through the seam).
 """
 
 from __future__ import annotations
