@@ -514,14 +514,15 @@ class ReplayLog:
 
         :raises LogWriteError: the file could not be cut.
         """
-        mm, self._mm, self._cap = self._mm, None, 0
-        if mm is None:
+        if self._mm is None:
             return
-        mm.close()
         try:
+            # cut first: on failure the mapping stays and nothing changed
             os.ftruncate(self._fd, self._size)
         except OSError as exc:
             raise LogWriteError(self._path, exc) from exc
+        mm, self._mm, self._cap = self._mm, None, 0
+        mm.close()
 
     def _store(self, lsn: int, op: int, key: bytes, value: bytes,
                expire_at: float | None, raw: bool) -> int:
@@ -737,8 +738,10 @@ class ReplayLog:
         return len(doomed) - len(kept)
 
     def size_bytes(self) -> int:
-        """Bytes in all live segments."""
-        return self._sealed_bytes + self._size
+        """Bytes all live segments take on disk: their records, and the
+        preallocated room of a mapped active segment (up to 1 MiB, see
+        ``prealloc_bytes``; a sealed segment is cut back to its records)."""
+        return self._sealed_bytes + max(self._size, self._cap)
 
     def close(self, *, remove: bool = False) -> None:
         """Close the current segment; ``remove`` deletes every segment (after a
@@ -750,6 +753,8 @@ class ReplayLog:
             except LogWriteError as exc:
                 # the unused zero-filled end stays; the next open cuts it
                 log.warning("replay log %s: %s", path, exc)
+                self._mm.close()
+                self._mm, self._cap = None, 0
             self._fd = None
         if fd is not None:
             os.close(fd)

@@ -99,8 +99,9 @@ def test_mapped_and_written_segments_hold_the_same_bytes(tmp_path, impl):
             assert log.append_mode == ("mmap" if mode == "auto" else "write")
             log.start(1)
             _fill(log)
-            size = log.size_bytes()
+            assert log.size_bytes() == sum(map(os.path.getsize, list_segments(str(d))))
             log.close()
+            size = log.size_bytes()
         out[mode] = _files(d)
         assert sum(map(len, out[mode])) == size
     assert len(out["write"]) > 1  # it rolled
