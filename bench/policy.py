@@ -28,6 +28,9 @@ from .util import REPO, TRACES
 FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.10, 0.20)
 TABLE_FRACTIONS = (0.01, 0.10)
 MARK_BEGIN, MARK_END = "<!-- policy-table:begin -->", "<!-- policy-table:end -->"
+README_BEGIN, README_END = "<!-- readme-policy-table:begin -->", "<!-- readme-policy-table:end -->"
+SHORT_NAMES = {"cache2k_orm-busy.i32be": "orm-busy", "arc_OLTP.lis": "arc_OLTP",
+               "scarab_recs.i64be": "scarab", "cloudPhysicsIO.csv": "cloudPhysics"}
 
 
 def _one(name: str, fractions: tuple[float, ...], page_sizes: tuple[int, ...],
@@ -86,14 +89,45 @@ def table(curves: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def readme_table(curves: dict[str, Any]) -> str:
+    """The README's short form of :func:`table`: trace x memory, with the
+    entry-level policies (page_size 1) and the page tier's (page_size 16)
+    side by side, and whether the tier's LRU reaches the entry LRU."""
+    rows = ["| trace | memory | LRU | TinyLFU | OPT | ps16 LRU (the tier) | ps16 TinyLFU "
+            "| ps16 midpoint (simulated) | ps16 LRU ≥ entry LRU |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, c in curves.items():
+        for f in TABLE_FRACTIONS:
+            if f not in c["fractions"] or "16" not in c["page_lru"]:
+                continue
+            i = c["fractions"].index(f)
+            lru = c["lru"][i]
+            pl = c["page_lru"]["16"][i]
+            mp = c.get("page_midpoint", {}).get("16")
+            mps = f"{mp[i]:.3f}" if mp else "–"
+            ok = "yes" if pl >= lru else f"no ({100 * (pl - lru):+.1f} pts)"
+            rows.append(f"| {SHORT_NAMES.get(name, name)} | {100 * f:g}% | {lru:.3f} "
+                        f"| {c['tinylfu'][i]:.3f} | {c['opt'][i]:.3f} | {pl:.3f} "
+                        f"| {c['page_tinylfu']['16'][i]:.3f} | {mps} | {ok} |")
+    return "\n".join(rows)
+
+
+def _replace(path, begin: str, end: str, body: str) -> None:
+    text = path.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: no {begin} ... {end} markers to put the table in")
+    path.write_text(re.sub(re.escape(begin) + ".*?" + re.escape(end),
+                           lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S))
+
+
 def write_doc(curves: dict[str, Any], path) -> None:
     """Replace the table between the markers of ``path``."""
-    text = path.read_text()
-    if MARK_BEGIN not in text or MARK_END not in text:
-        raise SystemExit(f"{path}: no {MARK_BEGIN} ... {MARK_END} markers to put the table in")
-    new = re.sub(re.escape(MARK_BEGIN) + ".*?" + re.escape(MARK_END),
-                 lambda _: f"{MARK_BEGIN}\n{table(curves)}\n{MARK_END}", text, flags=re.S)
-    path.write_text(new)
+    _replace(path, MARK_BEGIN, MARK_END, table(curves))
+
+
+def write_readme(curves: dict[str, Any], path) -> None:
+    """Replace the short table between the README's markers."""
+    _replace(path, README_BEGIN, README_END, readme_table(curves))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,13 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=str(REPO / "docs" / "bench" / "policy.json"))
     p.add_argument("--doc", default=str(REPO / "docs" / "policy.md"))
     p.add_argument("--plots-dir", default=str(REPO / "docs" / "bench"))
+    p.add_argument("--readme", default=str(REPO / "README.md"))
+    p.add_argument("--from-json", action="store_true",
+                   help="do not run: redraw the plots and rewrite both tables from --json "
+                   "(the run that wrote it)")
     args = p.parse_args(argv)
     from pathlib import Path
     from . import plots
-    curves = run(jobs=args.jobs)
-    Path(args.json).write_text(json.dumps(curves, indent=1) + "\n")
+    if args.from_json:
+        curves = json.loads(Path(args.json).read_text())
+    else:
+        curves = run(jobs=args.jobs)
+        Path(args.json).write_text(json.dumps(curves, indent=1) + "\n")
     plots.draw({}, curves, args.plots_dir)
     write_doc(curves, Path(args.doc))
+    write_readme(curves, Path(args.readme))
     print(table(curves))
     return 0
 

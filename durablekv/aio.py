@@ -234,6 +234,11 @@ class AsyncCache:
         """:meth:`Cache.flush`: every write acknowledged before it is in SQLite."""
         await self._run(self.cache.flush, timeout)
 
+    async def wait_warm(self, timeout: float | None = None) -> bool:
+        """:meth:`Cache.wait_warm`: True once the warm restart's preload has
+        ended, False when ``timeout`` seconds passed first."""
+        return await self._run(self.cache.wait_warm, timeout)
+
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on a worker thread with the cancellation rule above
         (for several cache calls that belong together)."""

@@ -70,6 +70,7 @@ from .scan import Scans
 from .stores.sqlite import SQLitePageStore
 from .stores.sqlitefile import STORE_FILE
 from .writeback import WriteBack
+from .warm import WarmRestart
 from .writes import WritePath
 
 __all__ = ["Cache"]
@@ -78,7 +79,7 @@ log = logging.getLogger("durablekv")
 
 
 class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
-            Lifecycle, Introspection, MutableMapping):
+            Lifecycle, Introspection, WarmRestart, MutableMapping):
     """A persistent key/value cache: memory-speed reads, writes that survive a crash.
 
     :param directory: the cache directory (created if missing, mode 0700).
@@ -152,6 +153,15 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         stays in the directory.
     :param namespace: with ``store``: this cache's name in the database (one
         owner at a time, else :class:`~durablekv.errors.NamespaceLockedError`).
+    :param warm: (a bool) warm restart, on by default: the ids of the
+        resident pages are saved in ``resident.list`` (at close, and about
+        every second while the cache is used, so also before a crash), and
+        after the next open a background thread reads those pages back into
+        the memory tier, most recently used first, while it has room (open
+        does not wait; see :meth:`wait_warm`, ``stats().warmed_pages`` and
+        docs/durability.md). The list is only a hint: what a page holds is
+        always read from the store. False: the memory tier starts cold and
+        no list is read or written.
     :raises CacheLockedError: the directory is open elsewhere.
     :raises ConfigError: an invalid or conflicting setting.
     :raises CorruptStoreError, SchemaVersionError, LogCorruptionError: see
@@ -181,7 +191,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                  busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
                  store: str | None = None, namespace: str | None = None,
                  policy: str = "lru", max_memory_bytes: int | None = None,
-                 size_limit: int | None = None) -> None:
+                 size_limit: int | None = None, warm: bool = True) -> None:
         self._state = _CLOSED
         self._temporary = directory is None
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
@@ -201,6 +211,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self.size_limit = size_limit
         _pgwire.check_store_args(store, namespace, durability)
         self.policy = check_policy(policy)
+        if type(warm) is not bool:
+            raise ConfigError(f"warm={warm!r}: expected True (preload the pages that were "
+                              "resident, the default) or False (start with a cold memory tier)")
         self._store_url, self.namespace = store, namespace
         if clock is not None:
             _check_clock(clock)
@@ -250,6 +263,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._store: SQLitePageStore | None = None
         self._log: ReplayLog | None = None
         self._batcher: WriteBehindBatcher | None = None
+        self._tier: MemoryTier | None = None
+        self._warm_init(warm)
         try:
             self._open(page_size, max_pages, on_corruption, salvage_log, busy_timeout,
                        segment_bytes)
@@ -386,6 +401,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             log.info("recovered %d log records in %.3f s for %s", recovered,
                      self.recovery_seconds, self.path)
         _open_caches[id(self)] = self
+        self._warm_start()  # a thread: open does not wait for it
 
 
     # -- helpers -----------------------------------------------------------------------

@@ -52,7 +52,8 @@ class Introspection:
             store_bytes=self._store.size_bytes() if self._store is not None else 0,
             checkpoint_lsn=self._store.checkpoint_lsn if self._store is not None else 0,
             recovered_records=self.recovered_records, recovery_seconds=self.recovery_seconds,
-            torn_records=self.torn_records, salvaged_bytes=self.salvaged_bytes, **s)
+            torn_records=self.torn_records, salvaged_bytes=self.salvaged_bytes,
+            warmed_pages=self._warmed_pages, residency_errors=self._residency_errors, **s)
 
     def histograms(self) -> dict[str, HistogramSnapshot]:
         """``{"flush_seconds": ..., "flush_pages": ...}`` histogram snapshots."""

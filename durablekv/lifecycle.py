@@ -92,6 +92,7 @@ class Lifecycle:
     def _teardown(self, clean: bool) -> None:
         if _open_caches.get(id(self)) is self:
             del _open_caches[id(self)]
+        self._warm_stop()  # the state is no longer open: it stops at its next batch
         if self._batcher is not None:
             self._batcher.stop()
             if clean and self._tier.dirty:
@@ -116,6 +117,8 @@ class Lifecycle:
                 log.error("closing %s: could not store the TTL clock's offset (%s); after "
                           "the restart, TTLs set since the wall clock stepped back may "
                           "last up to %.0f s longer", self.path, exc, self._ttl_clock[0])
+        if clean:
+            self._residency_at_close()  # the warm restart's list (a hint; never raises)
         if self._log is not None:
             self._log.close(remove=clean)
         if self._store is not None:

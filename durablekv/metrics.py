@@ -88,6 +88,13 @@ _SIMPLE: tuple[_Family, ...] = (
     _Family("durablekv_page_faults", "counter",
             "Pages made resident again from SQLite or the write-behind queue, since open.",
             _field("page_faults")),
+    _Family("durablekv_warmed_pages", "counter",
+            "Pages the warm restart read back into the memory tier after open (not page "
+            "faults), since open.", _field("warmed_pages")),
+    _Family("durablekv_residency_errors", "counter",
+            "Residency lists ignored as damaged or foreign at open, and failed saves of the "
+            "list (warm restart hints; no data is lost), since open.",
+            _field("residency_errors")),
     _Family("durablekv_expirations", "counter",
             "Entries dropped because their TTL had passed, since open.", _field("expirations")),
     _Family("durablekv_flushes", "counter",

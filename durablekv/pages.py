@@ -240,16 +240,18 @@ class MemoryTier:
         page.stamp = next(self.ticks)
         self.locked_ticks += 1
 
-    def make_resident(self, page: Page) -> None:
-        """Put a pending or newly built page at the MRU end, evicting if full."""
+    def make_resident(self, page: Page, stamp: float | None = None) -> None:
+        """Put a pending or newly built page at the MRU end, evicting if full
+        (``stamp``: file it under this recency stamp instead; see :meth:`install`)."""
         if page.state == RESIDENT and page.heap_stamp >= 0:
             self.touch(page)
             return
         if page.state == PENDING:
             self.pending -= 1
         page.state = RESIDENT
-        stamp = next(self.ticks)
-        self.locked_ticks += 1
+        if stamp is None:
+            stamp = next(self.ticks)
+            self.locked_ticks += 1
         self.resident += 1
         self.resident_bytes += page.nbytes
         if self.policy is not None:
@@ -353,7 +355,8 @@ class MemoryTier:
         del self.pages[page.page_id]
 
     def install(self, page_id: int, slots: Sequence[int], keys: list[Any], values: list[Any],
-                expires: list[float | None], nbytes: int = 0, *, resident: bool = True) -> Page:
+                expires: list[float | None], nbytes: int = 0, *, resident: bool = True,
+                warm_stamp: float | None = None) -> Page:
         """Take a page read from the store into memory: resident (a page
         fault), or pending (``resident=False``).
 
@@ -364,6 +367,12 @@ class MemoryTier:
             the LRU order (no eviction, no page fault counted). The caller
             must dirty it at once (the expiry sweep removes entries from it):
             only the write-behind takes a pending page out of memory again.
+        :param warm_stamp: a warm restart's preload (:mod:`durablekv.warm`): no
+            page fault is counted and the page is filed under this recency
+            stamp (a float between two ticks, drawn by the caller), so
+            preloaded pages keep their saved order and leave before any page
+            used since. The caller makes room first: this install must evict
+            nothing.
         """
         n = len(keys)
         if n == self.page_size and list(slots) == self._all_slots:
@@ -386,6 +395,9 @@ class MemoryTier:
         if not resident:
             page.state = PENDING
             self.pending += 1
+            return page
+        if warm_stamp is not None:
+            self.make_resident(page, warm_stamp)
             return page
         self.page_faults += 1
         if self.policy is not None:

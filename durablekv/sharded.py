@@ -339,6 +339,20 @@ class ShardedCache(MutableMapping):
         for shard in self._shards:
             shard.flush(max(0.0, deadline - time.monotonic()))
 
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait for every shard's warm-restart preload to end (:meth:`Cache.wait_warm`).
+
+        :param timeout: seconds for all shards together (None: wait).
+        :returns: True when every shard's preload has ended, False when
+            ``timeout`` passed first.
+        """
+        if timeout is None:
+            return all([shard.wait_warm() for shard in self._shards])
+        from .warm import check_wait_timeout
+        deadline = time.monotonic() + check_wait_timeout(timeout)
+        return all([shard.wait_warm(max(0.0, deadline - time.monotonic()))
+                     for shard in self._shards])
+
     def close(self) -> None:
         """Close every shard (flush, checkpoint, release); the first error is raised
         after all shards were closed. Idempotent."""

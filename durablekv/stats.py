@@ -124,6 +124,12 @@ class CacheStats:
         as ``*.damaged``); the writes they held are lost. 0 when nothing was
         salvaged. Bytes, not records: what lies behind damage cannot be
         counted.
+    :ivar warmed_pages: pages the warm restart's preload read back into the
+        memory tier since open (not counted in ``page_faults``; see
+        :mod:`durablekv.warm`).
+    :ivar residency_errors: residency lists ignored at open (damaged,
+        truncated, foreign) and saves of the list that failed; each is also a
+        logged warning. The list is a hint: none of these loses data.
     """
 
     hits: int = 0
@@ -158,6 +164,8 @@ class CacheStats:
     recovery_seconds: float = 0.0
     torn_records: int = 0
     salvaged_bytes: int = 0
+    warmed_pages: int = 0
+    residency_errors: int = 0
 
     @property
     def hit_ratio(self) -> float:

@@ -228,6 +228,7 @@ class WriteBack:
                 self._sweep_paused_until = _REAL_MONOTONIC[0]() + _SWEEP_RETRY
                 log.warning("expiry sweep of %s paused for %.0f s: %s", self.path,
                             _SWEEP_RETRY, exc)
+        self._residency_tick()  # the warm restart's list, at most every RESIDENCY_INTERVAL
         with self._lock:
             target = self._filter_building
         if target is None:

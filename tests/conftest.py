@@ -94,8 +94,12 @@ def run_with_timeout(fn, seconds: float = 10.0):
 
 
 def open_cache(path, **kw) -> Cache:
-    """A Cache whose batcher flushes only when asked (flush_interval 30 s)."""
+    """A Cache whose batcher flushes only when asked (flush_interval 30 s) and
+    whose memory tier starts cold (warm=False: no preload thread races the
+    test's counts of page faults and store hits; tests/test_warm.py tests the
+    warm restart)."""
     kw.setdefault("flush_interval", 30.0)
+    kw.setdefault("warm", False)
     return Cache(path, **kw)
 
 

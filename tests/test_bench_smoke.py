@@ -231,3 +231,21 @@ def test_policy_table_from_one_run(tmp_path):
     assert len(rows) == 4 and "| 1% |" in rows[0] and "| 10% |" in rows[3]
     # the page rows carry the three item-1 verdicts (page-LRU / re-homing / midpoint)
     assert rows[1].rstrip(" |").split("| ")[-1].count("/") == 2
+
+
+def test_readme_policy_table_is_the_committed_run():
+    """The README's hit-ratio table is rebuilt from docs/bench/policy.json (the
+    one run that also drew the plots and docs/policy.md's table), never typed."""
+    import json
+    import re
+    from bench import policy
+    from bench.util import REPO
+    curves = json.loads((REPO / "docs" / "bench" / "policy.json").read_text())
+    readme = (REPO / "README.md").read_text()
+    block = re.search(re.escape(policy.README_BEGIN) + "\n(.*?)\n" + re.escape(policy.README_END),
+                      readme, re.S)
+    assert block is not None
+    assert block.group(1) == policy.readme_table(curves)
+    assert len(block.group(1).splitlines()) == 2 + 2 * len(curves)
+    doc = (REPO / "docs" / "policy.md").read_text()
+    assert policy.table(curves) in doc

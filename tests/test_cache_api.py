@@ -63,7 +63,10 @@ def reopen(c: Cache, **kw) -> Cache:
     """Close ``c`` and open its directory again with the same shape (and kind:
     ``test_sharded`` runs these tests on a ShardedCache)."""
     c.close()
-    shape = dict(page_size=c.page_size, max_pages=c.max_pages)
+    # warm=False: what was resident comes back through the store's paths
+    # (key index, page faults), which these tests exercise; test_warm.py
+    # tests the warm restart
+    shape = dict(page_size=c.page_size, max_pages=c.max_pages, warm=False)
     shape.update(kw)
     if isinstance(c, ShardedCache):
         return ShardedCache(c.path, shards=c.shard_count, flush_interval=30.0, **shape)

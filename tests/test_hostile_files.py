@@ -423,3 +423,78 @@ def test_a_200_mb_zero_blob_fails_fast(tmp_path):
     with Cache(d) as cache:
         with pytest.raises(CorruptStoreError, match="11111111 entries"):
             cache.get("k")
+
+
+def _warm_dir(d):
+    """A closed cache of 200 keys whose residency list names 8 pages."""
+    with Cache(d, page_size=4, max_pages=8, flush_interval=30.0) as cache:
+        for i in range(200):
+            cache[f"k{i}"] = b"v%d" % i
+        for i in range(0, 200, 9):
+            cache.get(f"k{i}")
+    return (d / "resident.list").read_bytes()
+
+
+def _damage_list(d, how, good):
+    import os
+    path = d / "resident.list"
+    path.unlink()
+    if how == "truncated":
+        path.write_bytes(good[:-5])
+    elif how == "header only":
+        path.write_bytes(good[:10])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "flipped":
+        bad = bytearray(good)
+        bad[30] ^= 0x10
+        path.write_bytes(bytes(bad))
+    elif how == "foreign page_size":
+        import struct, zlib
+        body = good[24:]
+        path.write_bytes(struct.pack("<8sIIII", b"DKVRES01", 1, 16, len(body) // 8,
+                                     zlib.crc32(body)) + body)
+    elif how == "count lies":
+        import struct
+        path.write_bytes(good[:16] + struct.pack("<I", 1 << 19) + good[20:])
+    elif how == "ids out of range":
+        import struct, zlib
+        body = struct.pack("<2Q", 0, 1 << 63)
+        path.write_bytes(struct.pack("<8sIIII", b"DKVRES01", 1, 4, 2, zlib.crc32(body)) + body)
+    elif how == "garbage":
+        path.write_bytes(random.Random(4).randbytes(4000))
+    elif how == "huge":
+        with open(path, "wb") as f:
+            f.truncate(64 << 20)  # sparse: must be refused by its size, not read
+    elif how == "directory":
+        path.mkdir()
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "symlink":
+        target = d / "elsewhere"
+        target.write_bytes(good)
+        path.symlink_to(target)
+
+
+@pytest.mark.parametrize("how", ["truncated", "header only", "empty", "flipped",
+                                 "foreign page_size", "count lies", "ids out of range",
+                                 "garbage", "huge", "directory", "fifo", "symlink"])
+def test_a_damaged_residency_list_is_a_cold_start_said_and_counted(tmp_path, how, caplog):
+    """The warm restart's list is a hint: damaged, truncated or foreign, it
+    never fails open nor changes a value; it is ignored with a warning and
+    counted in stats().residency_errors, and a clean close replaces it."""
+    d = tmp_path / "c"
+    good = _warm_dir(d)
+    _damage_list(d, how, good)
+    with caplog.at_level("WARNING", logger="durablekv"):
+        with Cache(d, max_pages=8, flush_interval=30.0) as cache:
+            assert cache.wait_warm(30)
+            s = cache.stats()
+            assert (s.warmed_pages, s.residency_errors) == (0, 1)
+            assert all(cache[f"k{i}"] == b"v%d" % i for i in range(200))
+    assert any("residency list" in r.getMessage() and "ignored" in r.getMessage()
+               for r in caplog.records)
+    if how != "directory":  # a directory is not replaced by a file (the save is refused)
+        with Cache(d, max_pages=8, flush_interval=30.0) as cache:
+            assert cache.wait_warm(30)
+            assert cache.stats().warmed_pages == 8 and cache.stats().residency_errors == 0

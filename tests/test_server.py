@@ -448,10 +448,10 @@ def test_a_path_that_is_not_utf8_is_a_400_not_another_key(http):
 
 @pytest.mark.parametrize("args, message", [
     (["--port", "99999"], "a port is 0..65535"),
-    (["--port", "-1"], "a port is 0..65535"),
-    (["--port", "http"], "a port is a whole number"),
-    (["--shutdown-timeout", "-1"], "finite number >= 0"),
-    (["--request-timeout", "nan"], "finite number >= 0"),
+    (["--port", "-1"], "expected a whole number >= 0"),
+    (["--port", "http"], "expected a whole number, got 'http'"),
+    (["--shutdown-timeout", "-1"], "expected 0 or more seconds"),
+    (["--request-timeout", "nan"], "expected a positive number"),
     (["--policy", "fifo"], "invalid choice: 'fifo'"),
 ])
 def test_serve_refuses_bad_options_in_one_line(tmp_path, args, message):

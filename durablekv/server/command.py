@@ -23,30 +23,9 @@ TOKEN_ENV = "DURABLEKV_TOKEN"
 DEFAULT_PORT = 8470
 
 
-def _port(text: str) -> int:
-    """An argparse type: a TCP port, 0..65535 (0 picks a free one)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a port is a whole number 0..65535, got {text!r}") from None
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0..65535 (0 picks a free one), got {v}")
-    return v
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds >= 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text!r}") from None
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds (a finite number >= 0), got {text}")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
+    from ..cli import _non_negative_float, _port, _positive_float  # the CLI's own checks
     p.add_argument("dir", metavar="DIR", help="the cache directory (created 0700 if missing)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default %(default)s: this machine only; any other "
@@ -60,10 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one JSON line per request on stderr (off by default)")
     p.add_argument("--max-key-chars", type=int, default=1024,
                    help="longest key in characters (414 beyond; default %(default)s)")
-    p.add_argument("--request-timeout", type=_seconds, default=30.0,
+    p.add_argument("--request-timeout", type=_positive_float, default=30.0,
                    help="seconds a request body may take to arrive (408 beyond; default "
                    "%(default)s)")
-    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
+    p.add_argument("--shutdown-timeout", type=_non_negative_float, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests (default %(default)s)")
     g = p.add_argument_group("cache options (as for durablekv.Cache)")
     g.add_argument("--page-size", type=int, help="slots per page (new stores; default 16)")
