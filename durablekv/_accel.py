@@ -93,7 +93,9 @@ def _switches() -> list[tuple[ModuleType, str, object]]:
         return []
     return [(codec, "_native", native), (logsegments, "_native", native),
             (pageformat, "_native", native), (replaylog, "_WRITE_RECORD", native.write_record),
-            (replaylog, "_WRITE_BYTES_RECORD", native.write_bytes_record)]
+            (replaylog, "_WRITE_BYTES_RECORD", native.write_bytes_record),
+            (replaylog, "_STORE_RECORD", native.store_record),
+            (replaylog, "_STORE_BYTES_RECORD", native.store_bytes_record)]
 
 
 @contextlib.contextmanager

@@ -267,6 +267,59 @@ py_write_bytes_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize
     return write_any(args, nargs, 1, "write_bytes_record");
 }
 
+/* store_record(buf, offset, lsn, op, key, value, expire_at) -> size
+ * store_bytes_record(buf, offset, lsn, op, key, raw, expire_at) -> size
+ *
+ * Build the record straight into the writable buffer ``buf`` (the mapping
+ * of a preallocated log segment) at ``offset``: the same bytes
+ * write_record writes. Returns the record's size, or minus its size when it
+ * does not fit in ``buf`` from ``offset`` (nothing is stored then). */
+static PyObject *
+store_any(PyObject *const *args, Py_ssize_t nargs, int bytes_tag, const char *name)
+{
+    unsigned long long lsn;
+    unsigned op;
+    double exp;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "%s takes 7 arguments", name);
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred())
+        return NULL;
+    if (record_args(args + 1, 6, name, &lsn, &op, &exp) < 0)
+        return NULL;
+    Py_ssize_t klen = PyBytes_GET_SIZE(args[4]), vlen = PyBytes_GET_SIZE(args[5]);
+    if (bytes_tag && (unsigned long long)(PSIZE + klen + 5 + vlen) > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "record too large");
+        return NULL;
+    }
+    Py_ssize_t size = HSIZE + PSIZE + klen + (bytes_tag ? 5 : 0) + vlen;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (offset < 0 || offset > view.len || view.len - offset < size) {
+        PyBuffer_Release(&view);
+        return PyLong_FromSsize_t(-size);
+    }
+    build_record((unsigned char *)view.buf + offset, lsn, op, exp, PyBytes_AS_STRING(args[4]),
+                 klen, PyBytes_AS_STRING(args[5]), vlen, bytes_tag);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(size);
+}
+
+static PyObject *
+py_store_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    return store_any(args, nargs, 0, "store_record");
+}
+
+static PyObject *
+py_store_bytes_record(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    return store_any(args, nargs, 1, "store_bytes_record");
+}
+
 /* parse_segment(data, pos) -> (records, pos, stopped)
  *
  * Parses records from ``pos`` exactly as logsegments._parse_segment's
@@ -634,6 +687,12 @@ static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))py_write_record, METH_FASTCALL,
      "write_record(fd, lsn, op, key, value, expire_at) -> (written, size): build one "
      "record and write it with one write(2); OSError as os.write."},
+    {"store_record", (PyCFunction)(void (*)(void))py_store_record, METH_FASTCALL,
+     "store_record(buf, offset, lsn, op, key, value, expire_at) -> size: build one "
+     "record into a writable buffer at offset (minus its size when it does not fit)."},
+    {"store_bytes_record", (PyCFunction)(void (*)(void))py_store_bytes_record, METH_FASTCALL,
+     "store_bytes_record(buf, offset, lsn, op, key, raw, expire_at) -> size: "
+     "store_record of the value b'b' + u32(len(raw)) + raw."},
     {"write_bytes_record", (PyCFunction)(void (*)(void))py_write_bytes_record, METH_FASTCALL,
      "write_bytes_record(fd, lsn, op, key, raw, expire_at) -> (written, size): "
      "write_record of the value b'b' + u32(len(raw)) + raw."},

@@ -305,6 +305,9 @@ class SegmentScan(NamedTuple):
         stopped there.
     :ivar good_end: where ``damage`` starts (the file size when None).
     :ivar intact_after: an intact record lies behind ``damage``.
+    :ivar unused_end: the segment ends in the unused, zero-filled end of a
+        preallocated segment (see :func:`is_unused_end`), from ``good_end``
+        to the end of the file; not damage (``damage`` is None).
     """
 
     records: list[tuple]
@@ -313,6 +316,28 @@ class SegmentScan(NamedTuple):
     damage: _Damage | None
     good_end: int
     intact_after: bool
+    unused_end: bool = False
+
+
+#: A mapped segment grows by whole preallocation steps, each a multiple of
+#: this many bytes (see ``ReplayLog(prealloc_bytes=)``).
+PREALLOC_ALIGN = 4096
+
+
+def is_unused_end(data: bytes, good_end: int) -> bool:
+    """Whether ``data[good_end:]`` is the unused end of a preallocated
+    (mapped) segment: not empty, every byte zero, and the file's size a
+    multiple of :data:`PREALLOC_ALIGN`.
+
+    The first unused byte is found exactly: a record's length field is at
+    least 13, so a record never starts with the four zero bytes there, and
+    a record stored into the mapping is either whole or has nonzero bytes
+    where it was cut. A zero-filled tail of any other size is what a power
+    loss leaves behind appends made with write(2): a torn tail, as before.
+    """
+    size = len(data)
+    return (good_end < size and size % PREALLOC_ALIGN == 0
+            and _NONZERO.search(data, good_end) is None)
 
 
 def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
@@ -376,6 +401,8 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
             if why:
                 stepped.append((damage, None, why))
                 return SegmentScan(records, runs, stepped, None, len(data), False)
+        elif damage.offset == good_end and is_unused_end(data, good_end):
+            return SegmentScan(records, runs, stepped, None, good_end, False, True)
         return SegmentScan(records, runs, stepped, damage, good_end, nxt is not None)
 
 

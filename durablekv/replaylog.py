@@ -35,12 +35,26 @@ concurrent writers share one fsync (group commit, as in PostgreSQL's
 the batcher, once per ``flush_interval``. Segments are deleted only once a
 checkpoint at or beyond their last LSN is durably committed in SQLite.
 
-Fault-injection seams: :meth:`ReplayLog._write` and :meth:`ReplayLog._fsync`.
+Mapped segments: on file systems that overwrite preallocated blocks in
+place (:data:`MAPPED_FS_TYPES`: ext4, xfs, tmpfs) each record is instead
+stored into a shared mapping of the active segment, preallocated with
+``posix_fallocate`` ahead of the stores, so a full disk is a
+:class:`~durablekv.errors.LogWriteError` from that call and never a SIGBUS
+from a store. The record is in the OS (the page cache) when the store
+returns, as after a ``write``; fsync works as above. A sealed segment and
+a closed log are cut back to their last record; after a crash, recovery
+cuts the unused zero-filled end (:func:`~durablekv.logsegments.is_unused_end`).
+Elsewhere (copy-on-write file systems, network, FUSE, unidentified ones)
+every record is one ``write``. See docs/durability.md.
+
+Fault-injection seams: :meth:`ReplayLog._write` and :meth:`ReplayLog._fsync`. (replacing
+``_write`` also turns the mapping off: a record then goes through the seam).
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -49,13 +63,74 @@ from dataclasses import dataclass
 from ._accel import native as _native
 from ._perms import FILE_MODE
 from .errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
-from .logsegments import (MAGIC, _HEADER_PACK, _LEN_LSN_PACK, _LSN_OF, _NAN, _PAYLOAD_PACK, _crc32,
+from .logsegments import (MAGIC, PREALLOC_ALIGN, _HEADER_PACK, _LEN_LSN_PACK, _LSN_OF, _NAN, _PAYLOAD_PACK, _crc32,
                           _record_offset, list_segments, read_segment, scan_segment_file,
                           segment_name, start_gap_detail)
 
-__all__ = ["ReplayLog", "RecoveryResult"]
+__all__ = ["ReplayLog", "RecoveryResult", "MAPPED_FS_TYPES", "mapped_append_refusal"]
 
 log = logging.getLogger("durablekv.replaylog")
+
+#: Bytes a mapped segment is preallocated by at a time (``posix_fallocate``).
+PREALLOC_BYTES = 1 << 20
+
+#: File systems where the log stores records into a mapping of a
+#: preallocated segment: ``posix_fallocate`` allocates the blocks in place
+#: there, so a store into them cannot need space later (it cannot fault with
+#: SIGBUS on a full disk). Copy-on-write file systems (btrfs, zfs, bcachefs)
+#: allocate a new block at every write, preallocated or not, and network,
+#: FUSE and overlay file systems promise nothing: on those, and on any file
+#: system not listed, each record is one write(2), which reports a full disk
+#: as an error.
+MAPPED_FS_TYPES = frozenset({"ext4", "xfs", "tmpfs"})
+
+
+def _fs_type(directory: str) -> str | None:
+    """The type of the file system holding ``directory`` (as
+    ``/proc/self/mountinfo`` names it: ``ext4``, ``btrfs``...), or None
+    when it cannot be told (not Linux, or no mount entry matches)."""
+    try:
+        st = os.stat(directory)
+        real = os.path.realpath(directory)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    best: tuple[int, int, str] | None = None  # (device matches, mount point length, type)
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        point = fields[4].encode().decode("unicode_escape")  # \040 for a space
+        if not (real == point or real.startswith(point.rstrip("/") + "/")):
+            continue
+        rank = (fields[2] == dev, len(point), tail[0])
+        if best is None or rank[:2] >= best[:2]:
+            best = rank  # the last of equal mounts: the one mounted on top
+    return best[2] if best else None
+
+
+def mapped_append_refusal(directory: str, fstype: str | None = None) -> str | None:
+    """Why records may NOT be stored into a mapping of a preallocated segment
+    in ``directory`` (a sentence for logs and docs), or None when they may.
+
+    :param fstype: the file system's type; None detects it
+        (``/proc/self/mountinfo``). Tests pass one to take the refusal path.
+    """
+    if not hasattr(os, "posix_fallocate"):
+        return "this platform has no posix_fallocate, so a mapped segment cannot be preallocated"
+    if fstype is None:
+        fstype = _fs_type(directory)
+        if fstype is None:
+            return (f"the file system holding {directory!r} could not be identified "
+                    "(/proc/self/mountinfo), so a mapped segment is not known to be safe")
+    if fstype not in MAPPED_FS_TYPES:
+        return (f"{directory!r} is on {fstype}, where a store into a mapped segment could "
+                "still fault after posix_fallocate (copy-on-write, or allocation not "
+                f"promised); mapped appends are used only on {', '.join(sorted(MAPPED_FS_TYPES))}")
+    return None
 
 
 @dataclass
@@ -99,10 +174,31 @@ class ReplayLog:
     """
 
     def __init__(self, directory: str, *, durability: str = "log",
-                 segment_bytes: int = 64 << 20) -> None:
+                 segment_bytes: int = 64 << 20, append: str = "auto",
+                 fstype: str | None = None, prealloc_bytes: int = PREALLOC_BYTES) -> None:
+        if append not in ("auto", "write"):
+            raise ValueError(f"append must be 'auto' or 'write', not {append!r}")
         self.directory = directory
         self.durability = durability
         self.segment_bytes = segment_bytes
+        self.prealloc_bytes = max(PREALLOC_ALIGN, _round_up(prealloc_bytes, PREALLOC_ALIGN))
+        #: How records reach the active segment: ``"mmap"`` (stored into a
+        #: mapping of a preallocated segment) or ``"write"`` (one write(2)
+        #: each); :attr:`append_reason` says why.
+        self.append_mode = "write"
+        self.append_reason = "append='write' was asked for"
+        if append == "auto" and durability != "none":
+            refusal = mapped_append_refusal(directory, fstype)
+            if refusal is None:
+                self.append_mode = "mmap"
+                self.append_reason = (f"the file system ({fstype or _fs_type(directory)}) "
+                                      "allocates preallocated blocks in place")
+            else:
+                self.append_reason = refusal
+        elif durability == "none":
+            self.append_reason = "durability='none' appends no records"
+        self._mm: mmap.mmap | None = None  # the active segment's mapping (mmap mode)
+        self._cap = 0  # bytes preallocated and mapped in the active segment
         self._fd: int | None = None
         self._path: str | None = None
         self._size = 0
@@ -184,6 +280,17 @@ class ReplayLog:
                             "a damaged end" if resume is None else "damaged bytes",
                             skipped.offset, skipped.detail, why)
             damage, good_end = scan.damage, scan.good_end
+            if scan.unused_end:
+                # the zero-filled, preallocated end of a mapped segment after a
+                # crash (a clean close cuts it): no record is in it
+                log.info("replay log %s: cut the unused preallocated end of %d bytes at "
+                         "offset %d", path, size - good_end, good_end)
+                with open(path, "r+b") as f:
+                    f.truncate(good_end)
+                    f.flush()
+                    os.fsync(f.fileno())
+                size = good_end
+                synced = True
             if damage is not None and last and not scan.intact_after:
                 # a torn tail (see scan_segment): a crash cut the last append short
                 torn += 1
@@ -345,9 +452,15 @@ class ReplayLog:
             raise LogError(f"replay log segment {path!r} already holds records; refusing to "
                            f"reuse LSN {first_lsn} (this is a bug: please report it)")
         self._sealed = [s for s in self._sealed if s[0] != path]
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, FILE_MODE)
+        mapped = self.append_mode == "mmap" and type(self)._write is _WRITE_SEAM
+        fd = os.open(path, (os.O_RDWR if mapped else os.O_WRONLY) | os.O_CREAT | os.O_APPEND |
+                     os.O_TRUNC, FILE_MODE)
+        mm = None
         try:
             self._write_all(fd, MAGIC, path)
+            if mapped:
+                cap = self.segment_bytes_hint()
+                mm = _preallocate_and_map(fd, path, cap, None)
             if self.durability == "fsync":
                 self._fsync(fd)
                 _fsync_dir(self.directory)
@@ -356,10 +469,91 @@ class ReplayLog:
                 # a power loss must not keep a later segment and lose this one
                 self._dir_unsynced = True
         except BaseException:
+            if mm is not None:
+                mm.close()
             os.close(fd)
             os.unlink(path)
             raise
+        if mapped:
+            log.info("replay log segment %s: records are stored into a mapping of it, "
+                     "preallocated %d bytes at a time (%s)", path, self.prealloc_bytes,
+                     self.append_reason)
+        self._mm, self._cap = mm, (mm.size() if mm is not None else 0)
         self._fd, self._path, self._size = fd, path, len(MAGIC)
+
+    def segment_bytes_hint(self) -> int:
+        """Bytes preallocated when a segment is created (a multiple of 4096);
+        the room then doubles up to ``prealloc_bytes`` at a time."""
+        return min(64 << 10, self.prealloc_bytes, _round_up(self.segment_bytes, PREALLOC_ALIGN))
+
+    def _grow(self, record_size: int) -> None:
+        """Preallocate and map room for a record of ``record_size`` bytes.
+
+        :raises LogWriteError: the file system has no room (ENOSPC comes
+            here, from ``posix_fallocate``, never as a fault on a store
+            into the mapping); nothing was appended.
+        """
+        need = _round_up(self._size + record_size, PREALLOC_ALIGN)
+        # twice the room up to one prealloc_bytes step, then a step at a time
+        cap = max(need, min(2 * self._cap, self._cap + self.prealloc_bytes))
+        try:
+            mm = _preallocate_and_map(self._fd, self._path, cap, self._cap)
+        except LogWriteError:
+            if cap == need:
+                raise
+            # short of room for a whole step: as much as this record needs
+            mm = _preallocate_and_map(self._fd, self._path, need, self._cap)
+            cap = need
+        old, self._mm, self._cap = self._mm, mm, cap
+        old.close()
+
+    def _leave_mapping(self) -> None:
+        """Unmap the active segment and cut its unused preallocated end, so
+        that the file ends at its last record (a sealed segment, a closed
+        log, or a write(2) append from here on).
+
+        :raises LogWriteError: the file could not be cut.
+        """
+        if self._mm is None:
+            return
+        try:
+            # cut first: on failure the mapping stays and nothing changed
+            os.ftruncate(self._fd, self._size)
+        except OSError as exc:
+            raise LogWriteError(self._path, exc) from exc
+        mm, self._mm, self._cap = self._mm, None, 0
+        mm.close()
+
+    def _store(self, lsn: int, op: int, key: bytes, value: bytes,
+               expire_at: float | None, raw: bool) -> int:
+        """Store one record into the mapping (mmap mode); ``raw``: ``value``
+        is a bytes value's raw data (as :meth:`append_bytes`)."""
+        kernel = _STORE_BYTES_RECORD if raw else _STORE_RECORD
+        if kernel is not None:
+            try:
+                size = kernel(self._mm, self._size, lsn, op, key, value, expire_at)
+            except (TypeError, ValueError, OverflowError):
+                pass  # arguments the Python code must judge: it raises as it always has
+            else:
+                if size < 0:
+                    self._grow(-size)
+                    size = kernel(self._mm, self._size, lsn, op, key, value, expire_at)
+                self._size += size
+                self._last_lsn = lsn
+                return size
+        if raw:
+            value = b"b" + _U32_PACK(len(value)) + value
+        payload = _PAYLOAD_PACK(op, _NAN if expire_at is None else expire_at, len(key)) + key + value
+        n = len(payload)
+        record = _HEADER_PACK(n, _crc32(payload, _crc32(_LEN_LSN_PACK(n, lsn))), lsn) + payload
+        start = self._size
+        end = start + len(record)
+        if end > self._cap:
+            self._grow(len(record))
+        self._mm[start:end] = record
+        self._size = end
+        self._last_lsn = lsn
+        return len(record)
 
     def _write_all(self, fd: int, data: bytes, path: str) -> None:
         try:
@@ -386,6 +580,10 @@ class ReplayLog:
         """
         if self._size >= self.segment_bytes:
             self._roll(lsn)
+        if self._mm is not None:
+            if type(self)._write is _WRITE_SEAM:
+                return self._store(lsn, op, key, value, expire_at, False)
+            self._leave_mapping()  # the write seam was replaced: write(2) from here on
         if _WRITE_RECORD is not None and type(self)._write is _WRITE_SEAM:
             # The C kernel builds the record and writes it (one write(2),
             # the GIL released as os.write releases it); the Python path
@@ -424,6 +622,8 @@ class ReplayLog:
         """
         if self._size >= self.segment_bytes:
             self._roll(lsn)
+        if self._mm is not None and type(self)._write is _WRITE_SEAM:
+            return self._store(lsn, op, key, raw, expire_at, True)
         if _WRITE_BYTES_RECORD is not None and type(self)._write is _WRITE_SEAM:
             try:
                 written, size = _WRITE_BYTES_RECORD(self._fd, lsn, op, key, raw, expire_at)
@@ -451,6 +651,7 @@ class ReplayLog:
     def _roll(self, next_lsn: int) -> None:
         with self._lock:
             old_fd, old_path = self._fd, self._path
+            self._leave_mapping()  # a sealed segment ends at its last record
             if self.durability != "none":
                 try:
                     self._fsync(old_fd)
@@ -537,14 +738,23 @@ class ReplayLog:
         return len(doomed) - len(kept)
 
     def size_bytes(self) -> int:
-        """Bytes in all live segments."""
-        return self._sealed_bytes + self._size
+        """Bytes all live segments take on disk: their records, and the
+        preallocated room of a mapped active segment (up to 1 MiB, see
+        ``prealloc_bytes``; a sealed segment is cut back to its records)."""
+        return self._sealed_bytes + max(self._size, self._cap)
 
     def close(self, *, remove: bool = False) -> None:
         """Close the current segment; ``remove`` deletes every segment (after a
         final checkpoint that covers the whole log)."""
         with self._lock:
             fd, path = self._fd, self._path
+            try:
+                self._leave_mapping()
+            except LogWriteError as exc:
+                # the unused zero-filled end stays; the next open cuts it
+                log.warning("replay log %s: %s", path, exc)
+                self._mm.close()
+                self._mm, self._cap = None, 0
             self._fd = None
         if fd is not None:
             os.close(fd)
@@ -566,6 +776,30 @@ _WRITE_SEAM = ReplayLog._write
 _WRITE_RECORD = None if _native is None else _native.write_record
 _WRITE_BYTES_RECORD = None if _native is None else _native.write_bytes_record
 _U32_PACK = struct.Struct("<I").pack
+_STORE_RECORD = None if _native is None else _native.store_record
+_STORE_BYTES_RECORD = None if _native is None else _native.store_bytes_record
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _preallocate_and_map(fd: int, path: str, cap: int, old_cap: int | None) -> mmap.mmap:
+    """``posix_fallocate`` the first ``cap`` bytes of the segment open as
+    ``fd``, then map them (shared, read-write).
+
+    :raises LogWriteError: the blocks could not be allocated (ENOSPC) or
+        mapped; during a write when ``old_cap`` is not None.
+    """
+    try:
+        os.posix_fallocate(fd, 0, cap)
+        return mmap.mmap(fd, cap)
+    except OSError as exc:
+        what = (f"could not preallocate {cap} bytes of the segment"
+                if old_cap is None else
+                f"could not preallocate room for the record (growing the segment from "
+                f"{old_cap} to {cap} bytes)")
+        raise LogWriteError(path, OSError(exc.errno, f"{what}: {exc.strerror or exc}")) from exc
 
 
 def _gone(fd: int, path: str) -> str | None:
