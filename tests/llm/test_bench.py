@@ -67,22 +67,13 @@ def test_command_line_needs_no_numpy_until_llm_bench(tmp_path):
 
 
 def test_readme_numbers_are_the_committed_run():
-    """The README's LLM section quotes docs/bench/llm.json; keep them in step."""
+    """The README's LLM lines quote docs/bench/llm.json; keep them in step
+    (the gains and latencies are in docs/llm.md, from the same run)."""
     r = json.loads((REPO / "docs" / "bench" / "llm.json").read_text())
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## LLM KV blocks", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## Scale-out and LLM KV blocks", 1)[1].split("\n## ", 1)[0]
     text = " ".join(section.split())
-
-    def g(x):
-        return f'{x["median"]:.2f}x ({x["min"]:.2f}..{x["max"]:.2f})'
-
     assert f'{r["prefix_memory"]["prefix_hit_rate"]:.0%} in memory only' in text
     assert f'{r["prefix_durable"]["prefix_hit_rate"]:.0%} with the durable tier' in text
     assert f'{r["prefix_after_restart"]["prefix_hit_rate"]:.0%} after a restart' in text
-    for key in ("memory_vs_off", "durable_vs_off", "after_restart_vs_off"):
-        assert g(r["prefix_gain"][key]) in text, key
-    assert g(r["scheduling_gain"]) in text
-    assert g(r["batching"]["decode_micro"][-1]["gain"]) in text
-    assert (f'{r["static"]["ttft_p50_s"] * 1e3:.0f} -> '
-            f'{r["continuous"]["ttft_p50_s"] * 1e3:.1f} ms') in text
     assert r["outputs_identical"] is True and r["quick"] is False
