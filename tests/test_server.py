@@ -170,6 +170,42 @@ def test_healthz_needs_no_token_and_metrics_does(server, http):
         in text
 
 
+def _gauges(text: str) -> dict[str, float]:
+    """``{sample name with labels: value}`` from Prometheus text."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_metrics_report_no_byte_bounds_by_default(http):
+    g = _gauges(http.get("/metrics").text)
+    assert g['durablekv_max_memory_bytes{cache="cache"}'] == float("inf")
+    assert g['durablekv_size_limit_bytes{cache="cache"}'] == float("inf")
+
+
+def test_byte_limits_reach_the_cache(tmp_path):
+    """--max-memory-bytes and --size-limit (with units, as replay takes them)
+    bound the served cache: /metrics reports both bounds, and writes past the
+    memory bound evict pages from memory while every key stays readable."""
+    with running_server(tmp_path / "c", "--max-memory-bytes", "64KiB",
+                        "--size-limit", "1MiB", "--policy", "tinylfu") as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as h:
+        g = _gauges(h.get("/metrics").text)
+        assert g['durablekv_max_memory_bytes{cache="c"}'] == 64 << 10
+        assert g['durablekv_size_limit_bytes{cache="c"}'] == 1 << 20
+        value = bytes(1000)
+        for i in range(200):  # about 200 KB of values: three times the memory bound
+            assert h.put(f"/v1/keys/k{i}", content=value).status_code == 204
+        g = _gauges(h.get("/metrics").text)
+        assert 0 < g['durablekv_memory_bytes{cache="c"}'] <= 64 << 10
+        assert g['durablekv_evictions_total{cache="c",tier="memory"}'] > 0
+        for i in range(200):
+            assert h.get(f"/v1/keys/k{i}").content == value
+
+
 # -- bad input: a clear JSON 4xx, nothing changed ------------------------------------
 
 def test_auth(server, key):
@@ -453,6 +489,11 @@ def test_a_path_that_is_not_utf8_is_a_400_not_another_key(http):
     (["--shutdown-timeout", "-1"], "expected 0 or more seconds"),
     (["--request-timeout", "nan"], "expected a positive number"),
     (["--policy", "fifo"], "invalid choice: 'fifo'"),
+    (["--max-memory-bytes", "0"], "'0' must be a whole number of bytes >= 1"),
+    (["--max-memory-bytes", "1.5"], "'1.5' must be a whole number of bytes >= 1"),
+    (["--size-limit", "-1"], "'-1' must be a whole number of bytes >= 1"),
+    (["--size-limit", "lots"], "'lots' is not a size in bytes"),
+    (["--max-memory-bytes", "64XB"], "'64XB' is not a size in bytes"),
 ])
 def test_serve_refuses_bad_options_in_one_line(tmp_path, args, message):
     out = subprocess.run([sys.executable, "-m", "durablekv", "serve", str(tmp_path / "c"), *args],

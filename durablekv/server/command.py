@@ -25,7 +25,8 @@ DEFAULT_PORT = 8470
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
-    from ..cli import _non_negative_float, _port, _positive_float  # the CLI's own checks
+    from ..cli import (_byte_size, _non_negative_float, _port,  # the CLI's own checks
+                       _positive_float)
     p.add_argument("dir", metavar="DIR", help="the cache directory (created 0700 if missing)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default %(default)s: this machine only; any other "
@@ -51,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
                    help="which resident page leaves memory first (default %(default)s; "
                    "see docs/policy.md)")
+    g.add_argument("--max-memory-bytes", type=_byte_size, default=None, metavar="BYTES",
+                   help="bound the memory tier in bytes of entries too (e.g. 64MiB, 1G, "
+                   "1048576; default: pages only)")
+    g.add_argument("--size-limit", type=_byte_size, default=None, metavar="BYTES",
+                   help="bound the store in bytes of pages: least recently used pages are "
+                   "evicted from it (e.g. 1GiB; default: no bound)")
     g.add_argument("--durability", choices=("fsync", "log", "none"), default="log",
                    help="what a 2xx on a write survives (default %(default)s)")
     g.add_argument("--flush-interval", type=float, default=0.05,
@@ -164,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
                   durability=args.durability, flush_interval=args.flush_interval,
                   flush_batch_pages=args.flush_batch_pages,
                   max_value_bytes=args.max_value_bytes, serializer="safe",
-                  policy=args.policy)
+                  policy=args.policy, max_memory_bytes=args.max_memory_bytes,
+                  size_limit=args.size_limit)
     try:
         app = create_app(cache, token, max_key_chars=args.max_key_chars,
                          request_timeout=args.request_timeout, access_log=args.access_log)
