@@ -15,6 +15,16 @@
               of N log records into the memory tier (open does not wait for
               the write-behind to store them; the log keeps them until it
               has). ``stats().recovered_records`` must equal N.
+``reopen-after-kill``  a child (``python -m bench.restart --checkpointed DIR N K``)
+              writes N sets in ``log`` mode, flushes (the store's checkpoint
+              then covers all N, which stay in the active log segment), writes
+              K more sets, says so, and is SIGKILLed. Each repetition copies
+              that directory and times ``Cache(copy)`` with the C kernels and
+              with ``DURABLEKV_PURE``'s fallback in turns: the open after a
+              crash of a cache that was checkpointing, which should cost the
+              K records after the checkpoint, not the N before it.
+              ``stats().recovered_records`` must equal K. Run alone:
+              ``python -m bench.restart reopen-after-kill [N [K [REPEAT]]]``.
 """
 
 from __future__ import annotations
@@ -181,6 +191,87 @@ def run_recovery(cfg: Settings, scratch: Scratch) -> list[dict[str, Any]]:
     return rows
 
 
+def _checkpointed_dir(n: int, k: int, scratch: Scratch) -> str:
+    d = scratch.sub("checkpointed")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "bench.restart", "--checkpointed", d,
+                             str(n), str(k)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("DONE"):
+            proc.kill()
+            raise RuntimeError(f"checkpointed writer failed: {line!r} "
+                               f"{proc.stderr.read()[-2000:]}")
+        os.kill(proc.pid, signal.SIGKILL)   # our own child
+    finally:
+        proc.wait()
+        proc.stdin.close()
+    return d
+
+
+def run_reopen_after_kill(n: int = 100_000, k: int = 100, repeat: int = 7,
+                          scratch: Scratch | None = None) -> list[dict[str, Any]]:
+    """The ``reopen-after-kill`` case (see the module docstring): one row per
+    kernel kind, open times in ms."""
+    from durablekv import Cache
+    import durablekv
+    from durablekv._accel import pure_kernels
+    own = scratch is None
+    scratch = scratch or Scratch()
+    try:
+        crashed = _checkpointed_dir(n, k, scratch)
+        log_bytes = sum(os.path.getsize(os.path.join(crashed, f)) for f in os.listdir(crashed)
+                        if f.startswith("replay-"))
+        kinds = ["native", "pure"] if durablekv.accelerated else ["pure"]
+        wall: dict[str, list[float]] = {kind: [] for kind in kinds}
+        parsed: dict[str, list[int]] = {kind: [] for kind in kinds}
+        for r in range(repeat):
+            for kind in rotate(kinds, r):
+                d = scratch.sub("reopen-after-kill")
+                shutil.rmtree(d)
+                shutil.copytree(crashed, d)
+                with pure_kernels() if kind == "pure" else contextlib.nullcontext():
+                    t1 = time.perf_counter()
+                    c = Cache(d)
+                    t2 = time.perf_counter()
+                    try:
+                        st = c.stats()
+                        parsed[kind].append(getattr(c._log, "parsed_records", -1))
+                        assert st.recovered_records == k, st.recovered_records
+                        assert c.get(_key(n + k - 1)) == VALUE, \
+                            "the last acknowledged set was not recovered"
+                    finally:
+                        c.close()
+                scratch.remove(d)
+                wall[kind].append((t2 - t1) * 1e3)
+        scratch.remove(crashed)
+        return [{"case": "reopen-after-kill", "kernels": kind, "checkpointed_records": n,
+                 "records_after_checkpoint": k, "log_bytes": log_bytes,
+                 "parsed_records": parsed[kind], "unit": "ms", **summarize(wall[kind])}
+                for kind in kinds]
+    finally:
+        if own:
+            scratch.close()
+
+
+def checkpointed_child(directory: str, n: int, k: int) -> None:
+    from durablekv import Cache
+    c = Cache(directory, page_size=16, durability="log")
+    s = c.set
+    for i in range(n):
+        s(_key(i), VALUE)
+    c.flush()
+    for i in range(n, n + k):
+        s(_key(i), VALUE)
+    sys.stdout.write(f"DONE {n} {k}\n")
+    sys.stdout.flush()
+    sys.stdin.read()   # the parent SIGKILLs us here; if it dies first, stdin ends
+    os._exit(1)
+
+
 def child(directory: str, n: int) -> None:
     from durablekv import Cache
     max_pages = math.ceil(n / 16) + 16
@@ -198,4 +289,16 @@ def child(directory: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    child(sys.argv[1], int(sys.argv[2]))
+    if sys.argv[1] == "--checkpointed":
+        checkpointed_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "reopen-after-kill":
+        args = [int(a) for a in sys.argv[2:5]]
+        for row in run_reopen_after_kill(*args):
+            print(f"{row['kernels']:>6}: open after kill {row['median']:.1f} ms median "
+                  f"(min {row['min']:.1f}, q1 {row['q1']:.1f}, q3 {row['q3']:.1f}, "
+                  f"max {row['max']:.1f}; n={row['n']}), {row['log_bytes'] / 1e6:.1f} MB of "
+                  f"log, {row['checkpointed_records']:,} records below the checkpoint and "
+                  f"{row['records_after_checkpoint']:,} after it; records parsed "
+                  f"{sorted(set(row['parsed_records']))}")
+    else:
+        child(sys.argv[1], int(sys.argv[2]))
