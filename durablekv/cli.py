@@ -314,6 +314,18 @@ def _byte_size(text: str) -> int:
     return int(value)
 
 
+
+def add_byte_limit_arguments(p: "argparse._ActionsContainer") -> None:
+    """``--max-memory-bytes`` and ``--size-limit`` (``replay`` and ``serve``):
+    sizes as :func:`_byte_size` reads them, into ``max_memory_bytes`` and
+    ``size_limit`` (None when not given)."""
+    p.add_argument("--max-memory-bytes", type=_byte_size, default=None, metavar="BYTES",
+                   help="bound the memory tier in bytes of entries too (e.g. 64MiB, 1G, "
+                   "1048576; default: pages only)")
+    p.add_argument("--size-limit", type=_byte_size, default=None, metavar="BYTES",
+                   help="bound the store in bytes of pages: least recently used pages are "
+                   "evicted from it (e.g. 1GiB; default: no bound)")
+
 def _int_at_least(minimum: int):
     """An argparse type: a whole number >= ``minimum``."""
     def parse(text: str) -> int:
@@ -434,12 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pages resident in memory (default 4096)")
     p.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
                    help="the memory tier's replacement policy (default lru; docs/policy.md)")
-    p.add_argument("--max-memory-bytes", type=_byte_size, default=None, metavar="BYTES",
-                   help="bound the memory tier in bytes of entries too (e.g. 64MiB, 1G, "
-                   "1048576; default: pages only)")
-    p.add_argument("--size-limit", type=_byte_size, default=None, metavar="BYTES",
-                   help="bound the store in bytes of pages: least recently used pages are "
-                   "evicted from it (e.g. 1GiB; default: no bound)")
+    add_byte_limit_arguments(p)
     p.add_argument("--durability", choices=("fsync", "log", "none"), default="log",
                    help="what a set survives: fsync (power loss), log (a killed process; the "
                    "default), none (no replay log); see docs/durability.md")

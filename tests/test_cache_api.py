@@ -1375,3 +1375,19 @@ def test_pop_and_popitem_under_threads_hand_each_entry_to_one_caller(tmp_path, s
         every = sorted(p for ps in popped for p in ps)
         assert every == [(k, k * 10) for k in range(200)]
         assert len(c) == 0
+
+
+def test_readme_error_kinds_bad_settings_are_config_errors_and_value_errors(tmp_path):
+    """README: bad keys and values raise TypeError/ValueError as dicts do; bad
+    constructor settings raise ConfigError, which is a ValueError."""
+    from durablekv import Cache
+    from durablekv.errors import ConfigError, DurableKVError
+    for bad in ({"page_size": "16"}, {"max_pages": -1}, {"max_memory_bytes": "256MiB"}):
+        with pytest.raises(ConfigError) as info:
+            Cache(str(tmp_path / "c"), **bad)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, DurableKVError)
+    with Cache(str(tmp_path / "ok")) as c:
+        with pytest.raises(TypeError):
+            c.set([1, 2], b"x")     # an unhashable key, as a dict refuses it
+        with pytest.raises(ValueError):
+            c.set("k", b"x", expire=-1)

@@ -458,17 +458,23 @@ def test_br019_lock_held_too_long_is_a_typed_timeout(tmp_path):
 @pytest.fixture
 def small_fs(tmp_path):
     """A 2 MiB tmpfs (needs root and mount permission; skipped otherwise,
-    with mount's error as the reason). The skip hides no behaviour: the same
+    with mount's error as the reason). The skip hides no write path: the same
     ENOSPC paths run everywhere with injected errors and a real RLIMIT_FSIZE
     (test_log_write_error_stores_nothing_and_later_writes_work,
     test_real_file_size_limit_on_the_log); this one adds a real full file
-    system, and CI, which runs as root, runs it."""
+    system, and the mapped log's preallocation on it (test_mapped_log.py).
+    ``.ci/run`` sets DURABLEKV_REQUIRE_TMPFS=1, which turns the skip into a
+    failure there, so CI cannot pass without running them."""
     mnt = tmp_path / "small"
     mnt.mkdir()
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip()}")
+        reason = f"cannot mount a small tmpfs here: {proc.stderr.strip()}"
+        if os.environ.get("DURABLEKV_REQUIRE_TMPFS") == "1":
+            pytest.fail(reason + "; DURABLEKV_REQUIRE_TMPFS=1 makes this a failure",
+                        pytrace=False)
+        pytest.skip(reason)
     try:
         yield mnt
     finally:

@@ -30,14 +30,20 @@ from .test_faults import small_fs  # noqa: F401 - the 2 MiB tmpfs fixture
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: With DURABLEKV_REQUIRE_NATIVE (.ci/run's first pass) missing kernels fail
-#: these tests; they skip only where the fallback is forced or not built.
+#: With DURABLEKV_REQUIRE_NATIVE (.ci/run's first pass) missing kernels, or no
+#: file system here that takes mapped appends, fail these tests; they skip only
+#: where the fallback is forced or not built.
 _NATIVE_REQUIRED = (os.environ.get("DURABLEKV_REQUIRE_NATIVE", "") not in ("", "0")
                     and os.environ.get("DURABLEKV_PURE", "") in ("", "0"))
 if _NATIVE_REQUIRED and not durablekv.accelerated:
     raise RuntimeError(f"DURABLEKV_REQUIRE_NATIVE is set but {durablekv.accelerated!r}")
 needs_native = pytest.mark.skipif(not durablekv.accelerated,
                                   reason="needs the C kernels: " + durablekv.accelerated.reason)
+if _NATIVE_REQUIRED and mapped_append_refusal("/dev/shm") is not None \
+        and mapped_append_refusal(os.getcwd()) is not None:
+    # CI's first pass: the mapped log must be tested there, not skipped
+    raise RuntimeError("DURABLEKV_REQUIRE_NATIVE is set but neither /dev/shm nor the working "
+                       f"directory takes mapped appends: {mapped_append_refusal('/dev/shm')}")
 needs_mapping = pytest.mark.skipif(mapped_append_refusal("/dev/shm") is not None
                                    and mapped_append_refusal(os.getcwd()) is not None,
                                    reason="neither /dev/shm nor the working directory takes "

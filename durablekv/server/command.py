@@ -25,8 +25,8 @@ DEFAULT_PORT = 8470
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
-    from ..cli import (_byte_size, _non_negative_float, _port,  # the CLI's own checks
-                       _positive_float)
+    from ..cli import (_non_negative_float, _port, _positive_float,  # the CLI's own checks
+                       add_byte_limit_arguments)
     p.add_argument("dir", metavar="DIR", help="the cache directory (created 0700 if missing)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default %(default)s: this machine only; any other "
@@ -52,12 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
                    help="which resident page leaves memory first (default %(default)s; "
                    "see docs/policy.md)")
-    g.add_argument("--max-memory-bytes", type=_byte_size, default=None, metavar="BYTES",
-                   help="bound the memory tier in bytes of entries too (e.g. 64MiB, 1G, "
-                   "1048576; default: pages only)")
-    g.add_argument("--size-limit", type=_byte_size, default=None, metavar="BYTES",
-                   help="bound the store in bytes of pages: least recently used pages are "
-                   "evicted from it (e.g. 1GiB; default: no bound)")
+    add_byte_limit_arguments(g)
     g.add_argument("--durability", choices=("fsync", "log", "none"), default="log",
                    help="what a 2xx on a write survives (default %(default)s)")
     g.add_argument("--flush-interval", type=float, default=0.05,
