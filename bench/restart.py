@@ -19,7 +19,8 @@
               writes N sets in ``log`` mode, flushes (the store's checkpoint
               then covers all N, which stay in the active log segment), writes
               K more sets, says so, and is SIGKILLed. Each repetition copies
-              that directory and times ``Cache(copy)`` with the C kernels and
+              that directory (fsyncing the copy, as the writer had fsynced its
+              log at the flush) and times ``Cache(copy)`` with the C kernels and
               with ``DURABLEKV_PURE``'s fallback in turns: the open after a
               crash of a cache that was checkpointing, which should cost the
               K records after the checkpoint, not the N before it.
@@ -39,7 +40,7 @@ import sys
 import time
 from typing import Any
 
-from .util import REPO, Scratch, Settings, note, rotate, summarize
+from .util import REPO, Scratch, Settings, fsync_tree, note, rotate, summarize
 
 VALUE = b"v" * 100
 
@@ -223,6 +224,7 @@ def run_reopen_after_kill(n: int = 100_000, k: int = 100, repeat: int = 7,
                 d = scratch.sub("reopen-after-kill")
                 shutil.rmtree(d)
                 shutil.copytree(crashed, d)
+                fsync_tree(d)  # on disk as the writer's files were (it fsynced at the flush)
                 with pure_kernels() if kind == "pure" else contextlib.nullcontext():
                     t1 = time.perf_counter()
                     c = Cache(d)

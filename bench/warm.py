@@ -40,7 +40,7 @@ import tempfile
 import time
 from typing import Any
 
-from .util import REPO, TRACES, machine_info, note
+from .util import REPO, TRACES, fsync_tree, machine_info, note
 
 TRACE = "cache2k_orm-busy.i32be"
 VALUE = b"\x00" * 100
@@ -156,6 +156,7 @@ def run(prefix: float, nxt: float, memory: float, tmp: str | None) -> dict[str, 
                                  ("close_cold", False, False)):
             copy = os.path.join(root, name)
             shutil.copytree(d, copy)
+            fsync_tree(copy)
             rows.append(_case(name, copy, second, max_pages, warm, wait))
         # kill -9 right after the prefix
         d = os.path.join(root, "killed")
@@ -174,6 +175,7 @@ def run(prefix: float, nxt: float, memory: float, tmp: str | None) -> dict[str, 
                                  ("kill_cold", False, False)):
             copy = os.path.join(root, name)
             shutil.copytree(d, copy)
+            fsync_tree(copy)
             rows.append(_case(name, copy, second, max_pages, warm, wait))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -47,6 +47,14 @@ cuts the unused zero-filled end (:func:`~durablekv.logsegments.is_unused_end`).
 Elsewhere (copy-on-write file systems, network, FUSE, unidentified ones)
 every record is one ``write``. See docs/durability.md.
 
+The checkpoint position: records at or below the store's checkpoint stay in
+the active segment until it is sealed. After each checkpoint the log saves
+where the last record it covers ends (``replay.pos``,
+:class:`~durablekv.logsegments.Position`), and recovery parses the active
+segment from there, so an open after a crash reads only the records the
+store lacks. The file is a hint: when it does not check out against the
+segment, recovery parses everything, as without it.
+
 Fault-injection seams: :meth:`ReplayLog._write` and :meth:`ReplayLog._fsync`. (replacing
 ``_write`` also turns the mapping off: a record then goes through the seam).
 """
@@ -61,11 +69,12 @@ import threading
 from dataclasses import dataclass
 
 from ._accel import native as _native
-from ._perms import FILE_MODE
+from ._perms import FILE_MODE, replace_private_file
 from .errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
-from .logsegments import (MAGIC, PREALLOC_ALIGN, _HEADER_PACK, _LEN_LSN_PACK, _LSN_OF, _NAN, _PAYLOAD_PACK, _crc32,
-                          _record_offset, list_segments, read_segment, scan_segment_file,
-                          segment_name, start_gap_detail)
+from .logsegments import (MAGIC, POSITION_FILE, PREALLOC_ALIGN, _HEADER_PACK, _LEN_LSN_PACK, _LSN_OF,
+                          _NAN, _PAYLOAD_PACK, _crc32, _first_lsn_of, _record_offset,
+                          list_segments, read_position, read_segment, scan_segment_file,
+                          segment_name, start_gap_detail, Position)
 
 __all__ = ["ReplayLog", "RecoveryResult", "MAPPED_FS_TYPES", "mapped_append_refusal"]
 
@@ -202,8 +211,13 @@ class ReplayLog:
         self._fd: int | None = None
         self._path: str | None = None
         self._size = 0
+        self._last_start = -1  # offset of record _last_lsn in the active segment; -1: not there
         self._last_lsn = 0
         self._synced_lsn = 0
+        # (lsn, segment path, start, end) of the last record at each snapshot
+        # (mark), oldest first; truncate_through saves the newest it covers
+        self._marks: list[tuple[int, str, int, int]] = []
+        self._saved_position = 0  # LSN of the position last saved
         # (path, last_lsn) of sealed segments, oldest first
         self._sealed: list[tuple[str, int]] = []
         self._lock = threading.Lock()       # guards _fd/_path swap, _sealed, byte counts
@@ -266,31 +280,38 @@ class ReplayLog:
         self.skipped_damage = 0
         expect = None
         synced = False
+        resume = self._position_for(segments)
         for i, path in enumerate(segments):
             last = i == len(segments) - 1
             # Damage that can hide no record the store lacks (the record
             # behind it is at or below the checkpoint, or follows the record
             # before it with no LSN in between, as behind a damaged segment
             # header) loses nothing: the scan steps over it.
-            scan, size = scan_segment_file(path, after_lsn, None if last else segments[i + 1])
+            scan, size = scan_segment_file(path, after_lsn, None if last else segments[i + 1],
+                                           resume if i == 0 else None)
             records, runs = scan.records, scan.runs
+            if scan.resumed is not None:
+                log.info("replay log %s: parsed from offset %d, after LSN %d (the checkpoint "
+                         "position in %s)", path, scan.resumed.end, scan.resumed.lsn,
+                         POSITION_FILE)
+            elif scan.resume_refused is not None:
+                log.info("replay log %s: parsed whole, the checkpoint position in %s is not "
+                         "usable: %s", path, POSITION_FILE, scan.resume_refused)
             for skipped, resume, why in scan.stepped_over:
                 self.skipped_damage += 1
                 log.warning("replay log %s: skipped %s at offset %d (%s); %s", path,
                             "a damaged end" if resume is None else "damaged bytes",
                             skipped.offset, skipped.detail, why)
             damage, good_end = scan.damage, scan.good_end
+            cut = False
             if scan.unused_end:
                 # the zero-filled, preallocated end of a mapped segment after a
                 # crash (a clean close cuts it): no record is in it
                 log.info("replay log %s: cut the unused preallocated end of %d bytes at "
                          "offset %d", path, size - good_end, good_end)
-                with open(path, "r+b") as f:
-                    f.truncate(good_end)
-                    f.flush()
-                    os.fsync(f.fileno())
+                os.truncate(path, good_end)
                 size = good_end
-                synced = True
+                cut = True  # fsynced below, with the records (one fsync, not two)
             if damage is not None and last and not scan.intact_after:
                 # a torn tail (see scan_segment): a crash cut the last append short
                 torn += 1
@@ -300,10 +321,8 @@ class ReplayLog:
                 if good_end == 0:
                     os.unlink(path)
                 else:
-                    with open(path, "r+b") as f:
-                        f.truncate(good_end)
-                        f.flush()
-                        os.fsync(f.fileno())
+                    os.truncate(path, good_end)
+                    cut = True
                 size = good_end
             elif damage is not None and not salvage:
                 raise LogCorruptionError(path, damage.offset, damage.detail)
@@ -348,7 +367,7 @@ class ReplayLog:
             if salvaged:
                 # Not sealed: truncate_through must not delete it once the
                 # records kept from it are checkpointed; set_aside moves it.
-                if records and records[-1][0] > after_lsn and self.durability != "none":
+                if cut or records and records[-1][0] > after_lsn and self.durability != "none":
                     self._sync_segment(path)
                     synced = True
                 # How many records lie behind the damage cannot be known;
@@ -361,15 +380,31 @@ class ReplayLog:
                           ", ".join(map(os.path.basename, salvaged)))
                 break
             if os.path.exists(path):
-                self._sealed.append((path, records[-1][0] if records else 0))
+                self._sealed.append((path, records[-1][0] if records else
+                                     scan.resumed.lsn if scan.resumed is not None else 0))
                 self._sealed_bytes += size
-                if records and records[-1][0] > after_lsn and self.durability != "none":
+                if cut or records and records[-1][0] > after_lsn and self.durability != "none":
                     self._sync_segment(path)
                     synced = True
         if synced or torn:
             _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
         return RecoveryResult(out, torn, torn_bytes, salvaged, salvaged_bytes)
+
+    def _position_for(self, segments: list[str]) -> Position | None:
+        """The saved checkpoint position when it names the first segment of
+        ``segments`` (where the records below the checkpoint are), else None
+        (with the reason logged); the scan checks it against the file."""
+        pos, why = read_position(self.directory)
+        if pos is not None and (not segments or _first_lsn_of(segments[0]) != pos.segment_lsn):
+            pos, why = None, (f"it names the segment {segment_name(pos.segment_lsn)}, not the "
+                              "log's first")
+        if why is not None and segments:
+            log.info("replay log %s: the checkpoint position in %s is not usable: %s; the log "
+                     "is parsed whole", self.directory, POSITION_FILE, why)
+        if pos is not None:
+            self._saved_position = pos.lsn
+        return pos
 
     def set_aside(self, result: RecoveryResult) -> list[str]:
         """Move the segments salvage gave up on aside; return their new paths.
@@ -480,6 +515,7 @@ class ReplayLog:
                      self.append_reason)
         self._mm, self._cap = mm, (mm.size() if mm is not None else 0)
         self._fd, self._path, self._size = fd, path, len(MAGIC)
+        self._last_start = -1
 
     def segment_bytes_hint(self) -> int:
         """Bytes preallocated when a segment is created (a multiple of 4096);
@@ -538,6 +574,7 @@ class ReplayLog:
                 if size < 0:
                     self._grow(-size)
                     size = kernel(self._mm, self._size, lsn, op, key, value, expire_at)
+                self._last_start = self._size
                 self._size += size
                 self._last_lsn = lsn
                 return size
@@ -551,6 +588,7 @@ class ReplayLog:
         if end > self._cap:
             self._grow(len(record))
         self._mm[start:end] = record
+        self._last_start = start
         self._size = end
         self._last_lsn = lsn
         return len(record)
@@ -597,6 +635,7 @@ class ReplayLog:
             else:
                 if written != size:
                     self._cut_short_write(written, size)
+                self._last_start = self._size
                 self._size += size
                 self._last_lsn = lsn
                 return size
@@ -609,6 +648,7 @@ class ReplayLog:
             raise LogWriteError(self._path, exc) from exc
         if written != len(record):
             self._cut_short_write(written, len(record))
+        self._last_start = self._size
         self._size += len(record)
         self._last_lsn = lsn
         return len(record)
@@ -634,6 +674,7 @@ class ReplayLog:
             else:
                 if written != size:
                     self._cut_short_write(written, size)
+                self._last_start = self._size
                 self._size += size
                 self._last_lsn = lsn
                 return size
@@ -704,6 +745,42 @@ class ReplayLog:
                 raise self._gone
             self._synced_lsn = max(self._synced_lsn, target)
 
+    def mark(self) -> None:
+        """Remember where the last record appended lies, for the checkpoint
+        that a snapshot taken now makes (call under the cache's lock, with
+        the snapshot: no append runs meanwhile). :meth:`truncate_through`
+        saves the newest mark its checkpoint covers as ``replay.pos``."""
+        if self._last_start < 0:
+            return  # no record in the active segment yet
+        marks = self._marks
+        if marks and marks[-1][0] == self._last_lsn:
+            return
+        marks.append((self._last_lsn, self._path, self._last_start, self._size))
+        if len(marks) > 8:  # commits keep failing: the newest marks are the useful ones
+            del marks[0]
+
+    def _save_position(self, lsn: int) -> None:
+        """Save the newest mark at or below the checkpoint ``lsn`` whose
+        segment is still live. A failure is logged, never raised: the
+        position is a hint, and the checkpoint it follows is committed."""
+        with self._lock:
+            covered = [m for m in self._marks if m[0] <= lsn]
+            if not covered:
+                return
+            self._marks = [m for m in self._marks if m[0] > lsn]
+            mark_lsn, path, start, end = covered[-1]
+            live = path == self._path or any(p == path for p, _ in self._sealed)
+        if not live or mark_lsn <= self._saved_position:
+            return
+        pos = Position(mark_lsn, _first_lsn_of(path), start, end)
+        try:
+            replace_private_file(os.path.join(self.directory, POSITION_FILE), pos.encode())
+        except OSError as exc:
+            log.warning("replay log: cannot save the checkpoint position in %s (%s); the "
+                        "next open after a crash parses the whole log", self.directory, exc)
+            return
+        self._saved_position = mark_lsn
+
     def truncate_through(self, lsn: int) -> int:
         """Delete sealed segments whose records all have LSN <= ``lsn``; return how many.
 
@@ -735,6 +812,8 @@ class ReplayLog:
         if kept:
             with self._lock:
                 self._sealed = kept + self._sealed  # older than every segment left
+        if self._marks:
+            self._save_position(lsn)
         return len(doomed) - len(kept)
 
     def size_bytes(self) -> int:
@@ -767,6 +846,14 @@ class ReplayLog:
             self._sealed.clear()
             self._sealed_bytes = 0
             self._size = 0
+            self._marks.clear()
+            try:
+                os.unlink(os.path.join(self.directory, POSITION_FILE))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # a hint: never fails a close
+                log.warning("replay log: cannot remove %s in %s (%s); the next open after "
+                            "a crash ignores it", POSITION_FILE, self.directory, exc)
             _fsync_dir(self.directory)
 
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import array
 import logging
+import math
 import os
 import stat
 import struct
@@ -56,9 +57,8 @@ import sys
 import threading
 import time
 import zlib
-from ._perms import FILE_MODE
-import math
 
+from ._perms import replace_private_file
 from .config import _OPEN, _REAL_MONOTONIC
 from .errors import CorruptStoreError, StoreError
 from .pages import RESIDENT
@@ -175,20 +175,7 @@ def _write_file(directory: str, data: bytes) -> None:
 
     :raises OSError: it could not be written.
     """
-    path = os.path.join(directory, RESIDENCY_FILE)
-    tmp = path + ".tmp"
-    try:
-        os.unlink(tmp)  # left by a killed save, or put there by someone else
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    replace_private_file(os.path.join(directory, RESIDENCY_FILE), data)
 
 
 def check_wait_timeout(timeout: object) -> float:

@@ -256,6 +256,8 @@ class WriteBack:
             # A commit follows (see Store.pause_snapshot). First, so that a
             # failure here leaves no page marked as in flight.
             self._store.pause_snapshot()
+            if self._log is not None:
+                self._log.mark()  # where the checkpoint this snapshot makes ends in the log
             items = [(p, p.version, p.keys_version, p.keys_version != p.stored_keys_version,
                       list(p.keys), list(p.values), list(p.expires), p.stored_n, p.stored_ttl_n,
                       tier.start_flush(p))

@@ -244,6 +244,10 @@ class PgReplayLog:
             self._committed.append((rows[-1][0], sum(len(r[1]) for r in rows)))
             self._synced_lsn = max(self._synced_lsn, rows[-1][0])
 
+    def mark(self) -> None:
+        """:meth:`ReplayLog.mark`: nothing to do here, a recovery reads only
+        the rows after the checkpoint (an index range)."""
+
     def truncate_through(self, lsn: int) -> int:
         """Delete committed records with LSN <= ``lsn`` (a committed checkpoint);
         the number deleted. Errors are logged, not raised (see ReplayLog)."""
