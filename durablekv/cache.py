@@ -35,6 +35,8 @@ import errno
 import logging
 import math
 import os
+import pwd
+import stat
 import sysconfig
 import tempfile
 import threading
@@ -76,6 +78,28 @@ from .writes import WritePath
 __all__ = ["Cache"]
 
 log = logging.getLogger("durablekv")
+
+
+def _unwritable(path: str, exc: OSError) -> str:
+    """The message for a cache directory this process may not use: what was
+    refused, and whose directory it is when another user's."""
+    what = exc.strerror or str(exc)
+    if exc.filename and os.path.abspath(exc.filename) != os.path.abspath(path):
+        what += f" on {os.path.basename(exc.filename)}"
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is None or st.st_uid == os.geteuid():
+        return (f"cannot use cache directory {path!r} ({what}); a cache needs a directory "
+                "this user may read and write")
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = f"uid {st.st_uid}"
+    return (f"cannot use cache directory {path!r} ({what}): it belongs to {owner} (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); open it as {owner}, or name a directory of "
+            "this user's (a cache directory is private to its owner: docs/files.md)")
 
 
 class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
@@ -247,13 +271,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         except OSError as exc:
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}; create it "
                               "yourself, or name a directory this user may write in") from exc
-        if self._store_url is None:
-            _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
         try:
+            if self._store_url is None:
+                _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
             self._lock_fd = _acquire_dir_lock(path)
         except PermissionError as exc:
-            raise ConfigError(f"cannot write in cache directory {path!r} ({exc.strerror}); "
-                              "a cache needs a writable directory") from exc
+            raise ConfigError(_unwritable(path, exc)) from exc
         except OSError as exc:
             if exc.errno != errno.EROFS:
                 raise

@@ -4,11 +4,15 @@ files 0600 (docs/files.md); a directory that already exists keeps its mode."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from .conftest import opened
+from .conftest import REPO, opened
 
 
 @pytest.fixture
@@ -70,3 +74,41 @@ def test_a_file_the_owner_loosened_stays_loosened(tmp_path, umask_022):
     with opened(d) as c:
         assert c["a"] == 1
     assert mode(d / "pages.sqlite3") == 0o640
+
+
+def _as_nobody(code: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``code`` as the user nobody (the system Python, the pure kernels:
+    the test's own interpreter may sit in a directory only root can enter)."""
+    setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
+    if os.geteuid() != 0 or setpriv is None or not os.access(python, os.X_OK):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to run a process as nobody")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "DURABLEKV_PURE": "1"}
+    return subprocess.run([setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                           python, "-c", code, *args], capture_output=True, text=True,
+                          env=env, cwd="/", timeout=60)
+
+
+@pytest.mark.parametrize("dir_mode", [0o700, 0o755], ids=["private", "readable"])
+def test_another_users_cache_directory_is_a_config_error_naming_its_owner(dir_mode):
+    # (not under tmp_path: pytest's base directory is one nobody cannot enter)
+    top = Path(tempfile.mkdtemp(prefix="durablekv-owner-"))
+    try:
+        os.chmod(top, 0o755)
+        _refused_to_nobody(top / "cache", dir_mode)
+    finally:
+        shutil.rmtree(top)
+
+
+def _refused_to_nobody(d: Path, dir_mode: int) -> None:
+    with opened(d) as c:
+        c["k"] = "v"
+    os.chmod(d, dir_mode)
+    r = _as_nobody("import sys\nfrom durablekv import Cache, ConfigError\n"
+                   "try:\n    Cache(sys.argv[1])\nexcept ConfigError as e:\n"
+                   "    print(type(e).__name__, e)\nelse:\n    print('opened')\n", str(d))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ConfigError "), r.stdout
+    assert "it belongs to root" in r.stdout and f"mode {dir_mode:04o}" in r.stdout
+    assert "open it as root" in r.stdout
+    with opened(d) as c:  # the owner's cache is untouched
+        assert c["k"] == "v"
