@@ -917,7 +917,7 @@ def test_paths_that_cannot_be_a_cache_directory_are_config_errors(tmp_path):
 
 
 @pytest.mark.parametrize("err,words", [
-    (PermissionError(errno.EACCES, "Permission denied"), "needs a writable directory"),
+    (PermissionError(errno.EACCES, "Permission denied"), "needs a directory this user may read and write"),
     (OSError(errno.EROFS, "Read-only file system"), "read-only file system"),
 ])
 def test_an_unwritable_directory_is_a_config_error(tmp_path, monkeypatch, err, words):
