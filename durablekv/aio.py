@@ -19,7 +19,7 @@ Which thread runs what:
   ``none`` (the record goes to the OS, no fsync), there is no back-pressure
   and no log segment to roll.
 - Everything else, all that may wait on disk or on the lock (page faults,
-  fsync mode, back-pressure, ``flush``, open and close, iteration), runs on
+  fsync mode, back-pressure, ``flush``, ``stats``, open and close, iteration), runs on
   the AsyncCache's worker threads (a
   :class:`concurrent.futures.ThreadPoolExecutor`), never on the loop's thread.
 
@@ -41,6 +41,7 @@ from typing import Any, AsyncIterator, Callable
 from .cache import Cache
 from .config import NOWAIT_UNSURE
 from .pages import HAS_TTL, RESIDENT
+from .stats import CacheStats
 from . import codec as _codec
 
 __all__ = ["AsyncCache"]
@@ -204,6 +205,13 @@ class AsyncCache:
     async def _iter_keys(self) -> AsyncIterator[Any]:
         for key in await self.keys():
             yield key
+
+    async def stats(self) -> CacheStats:
+        """:meth:`Cache.stats`: a :class:`~durablekv.stats.CacheStats` snapshot,
+        taken on a worker thread (it takes the cache lock and reads the log's
+        and the store's file sizes). Works after the cache closed (the final
+        numbers)."""
+        return await self._run(self.cache.stats)
 
     # -- writes ----------------------------------------------------------------
 

@@ -8,6 +8,7 @@
         kv.set("blob", b"\\x00\\x01", expire=30)
         kv["user:1"], "blob" in kv, kv.incr("hits")
         del kv["blob"]
+        kv.stats().hits                     # a CacheStats, as Cache.stats()
 
 Both keep one pooled httpx connection pool (keep-alive) for their lifetime;
 close them (or use ``with`` / ``async with``). Values: ``bytes`` go over the
@@ -25,7 +26,9 @@ server that does not answer is a ``ServerUnavailableError``.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import typing
 from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
@@ -37,6 +40,7 @@ except ImportError as exc:  # the client is in the server extra
 
 from .errors import (RemoteAuthError, RemoteError, RemoteTypeError, RemoteValueError,
                      ServerUnavailableError)
+from .stats import CacheStats
 
 __all__ = ["Client", "AsyncClient"]
 
@@ -172,6 +176,65 @@ def _op_batch(ops: Iterable[dict[str, Any]]) -> tuple[tuple, Callable[[httpx.Res
     return ("POST", "/v1/batch", None, {"content-type": _JSON}, content), done
 
 
+#: CacheStats field -> its type (int, int | None, float or str), in field order.
+_STATS_KINDS: dict[str, Any] = {f.name: typing.get_type_hints(CacheStats)[f.name]
+                                for f in dataclasses.fields(CacheStats)}
+
+
+def _stats_of(body: Any, url: str) -> CacheStats:
+    """A :class:`CacheStats` from a ``GET /v1/stats`` body. Fields this client
+    does not know (a newer server's) are ignored; a field it needs and does
+    not find, or of the wrong type, is a :class:`RemoteError`. A null float
+    (the server's form of a value that is not finite) becomes NaN."""
+    if not isinstance(body, dict):
+        raise RemoteError(200, "bad stats", f"/v1/stats answered {type(body).__name__} "
+                          f"{body!r:.60}, not a JSON object; is this a durablekv server?", url)
+    missing = [name for name in _STATS_KINDS if name not in body]
+    if missing:
+        raise RemoteError(200, "incomplete stats", f"the server's /v1/stats lacks "
+                          f"{', '.join(missing)}, which this client's CacheStats needs; the "
+                          "server is older than the client: upgrade the server, or use a "
+                          "client as old as it", url)
+    values: dict[str, Any] = {}
+    wrong = []
+    for name, kind in _STATS_KINDS.items():
+        v = body[name]
+        if kind is float:
+            if v is None:
+                v = float("nan")
+            elif type(v) in (int, float):
+                v = float(v)
+            else:
+                wrong.append(f"{name}={v!r:.30} (expected a number or null)")
+        elif kind is str:
+            if type(v) is not str:
+                wrong.append(f"{name}={v!r:.30} (expected a string)")
+        elif not (type(v) is int or (v is None and kind != int)):
+            wrong.append(f"{name}={v!r:.30} (expected an integer"
+                         f"{'' if kind is int else ' or null'})")
+        values[name] = v
+    if wrong:
+        raise RemoteError(200, "bad stats", f"the server's /v1/stats has values of the "
+                          f"wrong type: {'; '.join(wrong)}; is this a durablekv server of "
+                          "a compatible version?", url)
+    return CacheStats(**values)
+
+
+def _op_stats() -> tuple[tuple, Callable[[httpx.Response], Any]]:
+    def done(resp: httpx.Response) -> CacheStats:
+        if resp.status_code != 200:
+            _raise_for(resp)
+        url = str(resp.request.url)
+        try:
+            body = resp.json()
+        except ValueError:
+            raise RemoteError(200, "bad stats", f"/v1/stats answered something that is not "
+                              f"JSON ({resp.text[:60]!r}); is this a durablekv server?",
+                              url) from None
+        return _stats_of(body, url)
+    return ("GET", "/v1/stats", None, None, None), done
+
+
 def _op_plain(path: str) -> tuple[tuple, Callable[[httpx.Response], Any]]:
     def done(resp: httpx.Response) -> str:
         if resp.status_code != 200:
@@ -269,6 +332,18 @@ class Client(_Base):
         """The ``/metrics`` text."""
         return self._do(_op_plain("/metrics"))
 
+    def stats(self) -> CacheStats:
+        """The served cache's statistics (``GET /v1/stats``): the same
+        :class:`~durablekv.stats.CacheStats` as :meth:`Cache.stats` gives in
+        the server's process. A float the server sent as null (not finite)
+        is NaN; fields a newer server adds are ignored.
+
+        :raises RemoteError: the answer lacks a field this client's
+            CacheStats has (an older server), or is not a stats object.
+        :raises RemoteAuthError: missing or wrong token.
+        """
+        return self._do(_op_stats())
+
     def __iter__(self) -> Any:
         # Without this, iter() would fall back to __getitem__(0), (1), ...
         raise TypeError("a durablekv Client is not iterable: the HTTP API does not list "
@@ -355,6 +430,10 @@ class AsyncClient(_Base):
     async def metrics(self) -> str:
         """:meth:`Client.metrics`."""
         return await self._do(_op_plain("/metrics"))
+
+    async def stats(self) -> CacheStats:
+        """:meth:`Client.stats`."""
+        return await self._do(_op_stats())
 
     async def getitem(self, key: str) -> Any:
         """``client[key]``: the value, KeyError when missing."""

@@ -11,6 +11,7 @@ import pytest
 from durablekv import Cache
 from durablekv.aio import AsyncCache
 from durablekv.replaylog import ReplayLog
+from durablekv.stats import CacheStats
 from durablekv.stores.sqlite import SQLitePageStore
 
 
@@ -178,6 +179,29 @@ def test_cancelled_set_is_applied_in_full_never_half(tmp_path, monkeypatch):
     run(main())
     with Cache(tmp_path / "c") as again:
         assert again["k"] == {"v": "new", "big": "x" * 5000}
+
+
+def test_stats_is_the_caches_and_runs_on_a_worker_thread(tmp_path, monkeypatch):
+    """``await stats()`` is Cache.stats() (it takes the lock and stats the
+    files), taken on a worker thread, never on the loop's thread."""
+    threads: set[int] = set()
+    real = Cache.stats
+
+    def stats(self):
+        threads.add(threading.get_ident())
+        return real(self)
+    monkeypatch.setattr(Cache, "stats", stats)
+
+    async def main():
+        async with AsyncCache(tmp_path / "c") as c:
+            await c.set("a", 1)
+            assert await c.get("a") == 1 and await c.get("b") is None
+            s = await c.stats()
+            assert type(s) is CacheStats
+            assert (s.sets, s.hits, s.misses, s.last_lsn) == (1, 1, 1, 1)
+            return threading.get_ident()
+    loop_thread = run(main())
+    assert threads and loop_thread not in threads
 
 
 def test_wrap_leaves_the_cache_open(tmp_path):

@@ -1,5 +1,5 @@
 """``durablekv serve`` against a real server process: routes, errors, auth,
-limits, metrics, the OpenAPI description, and the clients.
+limits, metrics, stats, the OpenAPI description, and the clients.
 
 One server (with a token) serves the whole module; a few tests start their
 own for options that differ (no token, access log, short timeouts).
@@ -8,7 +8,9 @@ own for options that differ (no token, access log, short timeouts).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 import os
 import socket
 import stat
@@ -23,8 +25,9 @@ from tests.server_util import REPO, running_server
 import httpx  # noqa: E402 (server_util skips the module without it)
 
 from durablekv.client import AsyncClient, Client  # noqa: E402
-from durablekv.errors import (RemoteAuthError, RemoteTypeError, RemoteValueError,  # noqa: E402
-                              ServerUnavailableError)
+from durablekv.errors import (RemoteAuthError, RemoteError, RemoteTypeError,  # noqa: E402
+                              RemoteValueError, ServerUnavailableError)
+from durablekv.stats import CacheStats  # noqa: E402
 
 TOKEN = "s3cret-token_1"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -206,6 +209,154 @@ def test_byte_limits_reach_the_cache(tmp_path):
             assert h.get(f"/v1/keys/k{i}").content == value
 
 
+# -- stats ---------------------------------------------------------------------------
+
+STATS_FIELDS = [f.name for f in dataclasses.fields(CacheStats)]
+#: What only requests change (the batcher's flushes, sizes and the age of the
+#: oldest unflushed write move on their own between two reads).
+REQUEST_COUNTERS = ("hits", "memory_hits", "store_hits", "misses", "sets", "deletes",
+                    "evictions", "page_faults", "last_lsn")
+
+
+def _strict_json(resp: httpx.Response):
+    def refuse(name):
+        raise AssertionError(f"{name} in a JSON answer")
+    return json.loads(resp.content, parse_constant=refuse)
+
+
+def test_stats_count_what_was_done(http, key):
+    before = http.get("/v1/stats")
+    assert before.status_code == 200
+    assert before.headers["content-type"] == "application/json"
+    before = _strict_json(before)
+    assert list(before) == STATS_FIELDS  # every CacheStats field, in its order
+    n_sets, n_hits, n_misses = 7, 5, 3
+    for i in range(n_sets):
+        assert http.put(f"/v1/keys/{key}-{i}", json=i).status_code == 204
+    for i in range(n_hits):
+        assert http.get(f"/v1/keys/{key}-{i}").json() == i
+    for i in range(n_misses):
+        assert http.get(f"/v1/keys/{key}-absent-{i}").status_code == 404
+    assert http.delete(f"/v1/keys/{key}-0").status_code == 204
+    after = _strict_json(http.get("/v1/stats"))
+    delta = {k: after[k] - before[k] for k in REQUEST_COUNTERS}
+    assert delta["sets"] == n_sets
+    assert delta["hits"] == n_hits
+    assert delta["misses"] == n_misses
+    assert delta["deletes"] == 1
+    assert delta["last_lsn"] == n_sets + 1  # one logged change per set and delete
+    assert after["hits"] == after["memory_hits"] + after["store_hits"]
+    # the served cache's settings and bounds (no byte bounds: null, not inf)
+    assert (after["page_size"], after["policy"]) == (16, "lru")
+    assert after["max_memory_bytes"] is None and after["size_limit"] is None
+    assert after["resident_pages"] >= 1 and after["log_bytes"] > 0
+
+
+def test_stats_needs_the_token(server):
+    url = server.url + "/v1/stats"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        r = httpx.get(url, headers=headers)
+        assert r.status_code == 401, headers
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert error_of(r)["error"] == "unauthorized"
+        assert "hits" not in r.text
+    assert httpx.get(url, headers=AUTH).status_code == 200
+
+
+def test_stats_of_a_fresh_server_start_at_zero(tmp_path):
+    with running_server(tmp_path / "c", "--policy", "tinylfu") as srv, \
+            Client(srv.url) as kv:
+        s = kv.stats()
+        assert (s.hits, s.misses, s.sets, s.deletes, s.last_lsn) == (0, 0, 0, 0, 0)
+        assert s.policy == "tinylfu"
+        for i in range(4):
+            kv.set(f"k{i}", i)
+        assert [kv.get(f"k{i}", None) for i in range(6)] == [0, 1, 2, 3, None, None]
+        s = kv.stats()
+        assert (s.sets, s.hits, s.misses, s.hit_ratio) == (4, 4, 2, 4 / 6)
+
+
+def test_client_stats_is_the_servers_cache_stats(server, http, key):
+    http.put(f"/v1/keys/{key}", json=1)
+    http.get(f"/v1/keys/{key}")
+    with Client(server.url, token=TOKEN) as kv:
+        raw = _strict_json(http.get("/v1/stats"))
+        s = kv.stats()
+    assert type(s) is CacheStats
+    assert {k: getattr(s, k) for k in REQUEST_COUNTERS} == {k: raw[k] for k in REQUEST_COUNTERS}
+    assert s.sets >= 1 and s.hits >= 1
+    assert (s.page_size, s.policy, s.max_pages) == (raw["page_size"], raw["policy"],
+                                                    raw["max_pages"])
+
+    async def main():
+        async with AsyncClient(server.url, token=TOKEN) as akv:
+            raw = _strict_json(http.get("/v1/stats"))
+            return raw, await akv.stats()
+    raw, s = asyncio.run(main())
+    assert type(s) is CacheStats
+    assert {k: getattr(s, k) for k in REQUEST_COUNTERS} == {k: raw[k] for k in REQUEST_COUNTERS}
+    with Client(server.url) as anon, pytest.raises(RemoteAuthError):
+        anon.stats()
+
+
+def _stats_client(body: bytes, status: int = 200) -> Client:
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/stats"
+        return httpx.Response(status, content=body, headers={"content-type": "application/json"})
+    return Client("http://stats.invalid", transport=httpx.MockTransport(answer))
+
+
+def test_client_stats_ignores_new_fields_and_names_missing_ones():
+    full = dataclasses.asdict(CacheStats(hits=3, misses=1, sets=2, policy="tinylfu",
+                                         size_limit=1 << 20, recovery_seconds=0.25))
+    with _stats_client(json.dumps({**full, "from_a_newer_server": [1]}).encode()) as kv:
+        assert kv.stats() == CacheStats(**full)
+    short = {k: v for k, v in full.items() if k not in ("hits", "warmed_pages")}
+    with _stats_client(json.dumps(short).encode()) as kv, pytest.raises(RemoteError) as ei:
+        kv.stats()
+    assert ei.value.error == "incomplete stats"
+    assert "hits, warmed_pages" in str(ei.value) and "upgrade the server" in str(ei.value)
+    for bad in ({**full, "hits": "3"}, {**full, "sets": True}, {**full, "hits": None},
+                {**full, "policy": 1}, {**full, "recovery_seconds": "0.1"}):
+        with _stats_client(json.dumps(bad).encode()) as kv, pytest.raises(RemoteError) as ei:
+            kv.stats()
+        assert ei.value.error == "bad stats" and "wrong type" in str(ei.value)
+    for body in (b"[1, 2]", b"<html>"):
+        with _stats_client(body) as kv, pytest.raises(RemoteError, match="bad stats"):
+            kv.stats()
+    with _stats_client(b'{"error": "unauthorized", "detail": "d"}', 401) as kv, \
+            pytest.raises(RemoteAuthError):
+        kv.stats()
+
+
+def test_stats_that_are_not_finite_are_null_and_come_back_nan():
+    """JSON has no inf or NaN: the server sends a float that is not finite
+    as null (the schema says number | null); the client makes it NaN."""
+    from durablekv.server.app import CacheStatsBody, _stats_body
+    body = _stats_body(CacheStats(recovery_seconds=float("inf"),
+                                  oldest_unflushed_seconds=float("nan"), hits=2))
+    decoded = json.loads(body, parse_constant=lambda name: pytest.fail(name))
+    assert decoded["recovery_seconds"] is None and decoded["oldest_unflushed_seconds"] is None
+    assert decoded["hits"] == 2
+    CacheStatsBody.model_validate(decoded)  # the answer fits its own schema
+    with _stats_client(body) as kv:
+        s = kv.stats()
+    assert math.isnan(s.recovery_seconds) and math.isnan(s.oldest_unflushed_seconds)
+    assert s.hits == 2
+
+
+def test_a_backend_without_stats_has_no_stats_route():
+    """The benchmark's dict backend has no stats(): no /v1/stats route (404)
+    rather than a 500."""
+    from durablekv.server.app import create_app
+
+    class Bare:
+        async def get(self, key, default=None):
+            return default
+    paths = {getattr(r, "path", None) for r in create_app(Bare()).routes}
+    assert "/v1/stats" not in paths and "/metrics" in paths
+
+
 # -- bad input: a clear JSON 4xx, nothing changed ------------------------------------
 
 def test_auth(server, key):
@@ -294,13 +445,22 @@ def test_openapi_describes_every_route_with_its_errors(http):
     schema = http.get("/openapi.json").json()
     ops = {(p, m): op for p, item in schema["paths"].items() for m, op in item.items()}
     assert set(ops) == {("/v1/keys/{key}", m) for m in ("put", "get", "head", "delete")} | {
-        ("/v1/keys/{key}/incr", "post"), ("/v1/batch", "post"), ("/metrics", "get"),
-        ("/healthz", "get")}
+        ("/v1/keys/{key}/incr", "post"), ("/v1/batch", "post"), ("/v1/stats", "get"),
+        ("/metrics", "get"), ("/healthz", "get")}
     assert "414" in ops["/v1/keys/{key}", "put"]["responses"]
     assert {"412", "413", "422", "401"} <= set(ops["/v1/keys/{key}", "put"]["responses"])
     assert "409" in ops["/v1/keys/{key}/incr", "post"]["responses"]
     assert "404" in ops["/v1/keys/{key}", "get"]["responses"]
     assert "security" not in ops["/healthz", "get"]
+    stats = ops["/v1/stats", "get"]
+    assert stats["operationId"] == "stats" and stats["security"] == [{"bearer": []}]
+    assert "401" in stats["responses"]
+    ref = stats["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert list(body["properties"]) == STATS_FIELDS and body["required"] == STATS_FIELDS
+    assert body["properties"]["hits"]["type"] == "integer"
+    assert {"type": "null"} in body["properties"]["recovery_seconds"]["anyOf"]
+    assert "gets that found a live entry" in body["properties"]["hits"]["description"]
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
 
 

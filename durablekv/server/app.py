@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hmac
 import json
 import logging
 import math
+import re
 import time
+import typing
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Literal
 from urllib.parse import unquote_to_bytes
@@ -30,7 +33,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -38,6 +41,7 @@ from ..aio import AsyncCache
 from ..cache import Cache
 from ..errors import (CacheClosedError, CacheFailedError, DurableKVError, FlushTimeoutError,
                       LogWriteError, WriteBehindError)
+from ..stats import CacheStats
 
 __all__ = ["create_app", "ApiError", "LIBRARY_ERRORS", "MAX_TTL_SECONDS", "DEFAULT_MAX_KEY_CHARS",
            "MAX_BATCH_OPS"]
@@ -117,6 +121,47 @@ class BatchResult(BaseModel):
 
 class BatchResponse(BaseModel):
     results: list[BatchResult]
+
+
+def _stats_model() -> type[BaseModel]:
+    """The ``GET /v1/stats`` body: one property per :class:`CacheStats` field,
+    all required, described by the field's ``:ivar:`` line. Built from the
+    dataclass so the two cannot drift apart. A ``float`` field is
+    ``number | null``: null stands for a value that is not finite (JSON has
+    no inf or NaN)."""
+    doc = CacheStats.__doc__ or ""
+    described = {m.group(1): " ".join(m.group(2).split())
+                 for m in re.finditer(r":ivar (\w+): (.*?)(?=\n\s*:ivar |\Z)", doc, re.S)}
+    hints = typing.get_type_hints(CacheStats)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(CacheStats):
+        kind = hints[f.name]
+        text = described.get(f.name, f.name).replace("None", "null")
+        if kind is float:
+            kind = float | None
+            text = text.rstrip(".") + " (null when not finite)."
+        fields[f.name] = (kind, Field(description=text))
+    model = create_model("CacheStatsBody", **fields)
+    model.__doc__ = ("What the cache has done since it was opened, and its state now: the "
+                     "fields of durablekv.stats.CacheStats (Cache.stats()). A float that is "
+                     "not finite is null.")
+    return model
+
+
+CacheStatsBody = _stats_model()
+
+
+def _stats_body(stats: CacheStats) -> bytes:
+    """``stats`` as the JSON of :data:`CacheStatsBody`: every field, a float
+    that is not finite (inf, NaN) as null, never a bare ``Infinity``/``NaN``
+    token (which is not JSON)."""
+    body = {}
+    for f in dataclasses.fields(stats):
+        v = getattr(stats, f.name)
+        if type(v) is float and not math.isfinite(v):
+            v = None
+        body[f.name] = v
+    return json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _error_response(status: int, error: str, detail: str,
@@ -542,6 +587,17 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
             return {"status": 204}
         except ApiError as exc:
             return {"status": exc.status, "error": f"{exc.error}: {exc.detail}"}
+
+    if callable(getattr(backend, "stats", None)):
+        # (a backend without stats(), the benchmark's dict, has no such route)
+        @app.get("/v1/stats", operation_id="stats", response_model=CacheStatsBody,
+                 responses={200: {"description": "the statistics (Cache.stats())"},
+                            **_error_docs(500, 503)})
+        async def stats() -> Response:
+            """The cache's statistics as JSON (``Cache.stats()``): counters
+            since the cache was opened and gauges of its state now. Taken on a
+            worker thread; a float that is not finite is null."""
+            return Response(_stats_body(await call(backend.stats())), media_type=_JSON)
 
     @app.get("/metrics", operation_id="metrics",
              responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {
