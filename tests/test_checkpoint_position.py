@@ -42,6 +42,7 @@ for i in range(first, first + n):
     c[f"k{i}"] = f"v{i}"
 if flush:
     c.flush()                  # a checkpoint: replay.pos now points at its last record
+c._batcher.stop()              # no later checkpoint: the k sets stay in the log alone
 for i in range(first + n, first + n + k):
     c[f"k{i}"] = f"w{i}"       # acknowledged (in the OS), after the checkpoint
 print("DONE", flush=True)
@@ -95,8 +96,14 @@ def _assert_all_there(c: Cache, recovered: int = K, lives=((0, N, K),)) -> None:
     assert not missing, f"{len(missing)} keys lost or wrong, first {missing[:5]}"
 
 
-def _write_position(d: Path, pos: Position) -> None:
-    (d / POSITION_FILE).write_bytes(pos.encode())
+def _reopens_whole(d: Path, parsed: int) -> None:
+    """Opening ``d`` parses ``parsed`` log records and finds every write."""
+    got, c = _reopen(d)
+    try:
+        assert got == parsed
+        _assert_all_there(c)
+    finally:
+        c.close()
 
 
 def _position(d: Path) -> Position:
@@ -111,22 +118,12 @@ def test_crash_after_checkpoint_parses_only_the_records_after_it(copy):
     [segment] = list_segments(str(copy))
     assert pos.segment_lsn == 1 and os.path.basename(segment) == "replay-%020d.log" % 1
     assert stat.S_IMODE(os.stat(copy / POSITION_FILE).st_mode) == 0o600
-    parsed, c = _reopen(copy)
-    try:
-        assert parsed == K
-        _assert_all_there(c)
-    finally:
-        c.close()
+    _reopens_whole(copy, parsed=K)
 
 
 def test_the_same_directory_without_the_position_parses_everything(copy):
     os.unlink(copy / POSITION_FILE)
-    parsed, c = _reopen(copy)
-    try:
-        assert parsed == N + K
-        _assert_all_there(c)
-    finally:
-        c.close()
+    _reopens_whole(copy, parsed=N + K)
 
 
 def _bad_positions(d: Path) -> dict[str, tuple[bytes, str]]:
@@ -158,12 +155,7 @@ def test_a_position_that_does_not_check_out_costs_a_full_parse(copy, case, caplo
     data, reason = _bad_positions(copy)[case]
     (copy / POSITION_FILE).write_bytes(data)
     with caplog.at_level(logging.INFO, logger="durablekv.replaylog"):
-        parsed, c = _reopen(copy)
-    try:
-        assert parsed == N + K
-        _assert_all_there(c)
-    finally:
-        c.close()
+        _reopens_whole(copy, parsed=N + K)
     said = [r.getMessage() for r in caplog.records if POSITION_FILE in r.getMessage()]
     assert any(reason in m for m in said), said
 
@@ -197,12 +189,7 @@ def test_an_older_position_that_checks_out_parses_from_there(copy):
     # (the next checkpoint's save was lost, say): one record more is parsed.
     data, _ = _bad_positions(copy)["previous record"]
     (copy / POSITION_FILE).write_bytes(data)
-    parsed, c = _reopen(copy)
-    try:
-        assert parsed == K + 1
-        _assert_all_there(c)
-    finally:
-        c.close()
+    _reopens_whole(copy, parsed=K + 1)
 
 
 def _suffix_offsets(d: Path) -> tuple[str, list[int]]:
@@ -253,12 +240,7 @@ def test_damage_before_the_position_is_never_read(copy):
     with open(segment, "r+b") as f:
         f.seek(4000)
         f.write(b"\xff" * 64)
-    parsed, c = _reopen(copy)
-    try:
-        assert parsed == K
-        _assert_all_there(c)
-    finally:
-        c.close()
+    _reopens_whole(copy, parsed=K)
 
 
 def test_a_clean_close_removes_the_position_with_the_log(copy):
