@@ -76,13 +76,19 @@ def test_a_file_the_owner_loosened_stays_loosened(tmp_path, umask_022):
     assert mode(d / "pages.sqlite3") == 0o640
 
 
-def _as_nobody(code: str, *args: str) -> subprocess.CompletedProcess:
-    """Run ``code`` as the user nobody (the system Python, the pure kernels:
-    the test's own interpreter may sit in a directory only root can enter)."""
+def _as_nobody(top: Path, code: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``code`` as the user nobody, with a copy of the package in ``top``
+    (the system Python, the pure kernels: the test's own interpreter and the
+    checkout may sit in directories only root can enter)."""
     setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
     if os.geteuid() != 0 or setpriv is None or not os.access(python, os.X_OK):
         pytest.skip("needs root, setpriv and /usr/bin/python3 to run a process as nobody")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "DURABLEKV_PURE": "1"}
+    src = top / "src"
+    shutil.copytree(REPO / "durablekv", src / "durablekv",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for path in [src, *src.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(src), "DURABLEKV_PURE": "1"}
     return subprocess.run([setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                            python, "-c", code, *args], capture_output=True, text=True,
                           env=env, cwd="/", timeout=60)
@@ -103,7 +109,7 @@ def _refused_to_nobody(d: Path, dir_mode: int) -> None:
     with opened(d) as c:
         c["k"] = "v"
     os.chmod(d, dir_mode)
-    r = _as_nobody("import sys\nfrom durablekv import Cache, ConfigError\n"
+    r = _as_nobody(d.parent, "import sys\nfrom durablekv import Cache, ConfigError\n"
                    "try:\n    Cache(sys.argv[1])\nexcept ConfigError as e:\n"
                    "    print(type(e).__name__, e)\nelse:\n    print('opened')\n", str(d))
     assert r.returncode == 0, r.stderr
