@@ -291,6 +291,7 @@ class ReplayLog:
                                            resume if i == 0 else None)
             records, runs = scan.records, scan.runs
             if scan.resumed is not None:
+                self._saved_position = scan.resumed.lsn  # saves go on from there
                 log.info("replay log %s: parsed from offset %d, after LSN %d (the checkpoint "
                          "position in %s)", path, scan.resumed.end, scan.resumed.lsn,
                          POSITION_FILE)
@@ -402,8 +403,6 @@ class ReplayLog:
         if why is not None and segments:
             log.info("replay log %s: the checkpoint position in %s is not usable: %s; the log "
                      "is parsed whole", self.directory, POSITION_FILE, why)
-        if pos is not None:
-            self._saved_position = pos.lsn
         return pos
 
     def set_aside(self, result: RecoveryResult) -> list[str]:

@@ -284,3 +284,17 @@ def test_position_is_saved_only_for_a_committed_checkpoint(tmp_path):
     assert read_position(str(tmp_path)) == (Position(3, 1, start, start + sizes[2]), None)
     log.close(remove=True)
     assert not (tmp_path / POSITION_FILE).exists()
+
+
+def test_a_refused_position_is_replaced_at_the_next_checkpoint(copy):
+    # One that names an LSN past every record here (a log deleted and
+    # started again, say) must not hold back the saves that follow.
+    data, _ = _bad_positions(copy)["past the checkpoint"]
+    (copy / POSITION_FILE).write_bytes(data)
+    _, c = _reopen(copy)
+    try:
+        c["after"] = 1
+        c.flush()
+        assert _position(copy).lsn == c.stats().last_lsn == N + K + 1
+    finally:
+        c.close()
