@@ -280,7 +280,7 @@ class ReplayLog:
         self.skipped_damage = 0
         expect = None
         synced = False
-        resume = self._position_for(segments)
+        position = self._position_for(segments)
         for i, path in enumerate(segments):
             last = i == len(segments) - 1
             # Damage that can hide no record the store lacks (the record
@@ -288,7 +288,7 @@ class ReplayLog:
             # before it with no LSN in between, as behind a damaged segment
             # header) loses nothing: the scan steps over it.
             scan, size = scan_segment_file(path, after_lsn, None if last else segments[i + 1],
-                                           resume if i == 0 else None)
+                                           position if i == 0 else None)
             records, runs = scan.records, scan.runs
             if scan.resumed is not None:
                 self._saved_position = scan.resumed.lsn  # saves go on from there
@@ -751,12 +751,13 @@ class ReplayLog:
         saves the newest mark its checkpoint covers as ``replay.pos``."""
         if self._last_start < 0:
             return  # no record in the active segment yet
-        marks = self._marks
-        if marks and marks[-1][0] == self._last_lsn:
-            return
-        marks.append((self._last_lsn, self._path, self._last_start, self._size))
-        if len(marks) > 8:  # commits keep failing: the newest marks are the useful ones
-            del marks[0]
+        with self._lock:  # _save_position may run on another thread
+            marks = self._marks
+            if marks and marks[-1][0] == self._last_lsn:
+                return
+            marks.append((self._last_lsn, self._path, self._last_start, self._size))
+            if len(marks) > 8:  # commits keep failing: the newest marks are the useful ones
+                del marks[0]
 
     def _save_position(self, lsn: int) -> None:
         """Save the newest mark at or below the checkpoint ``lsn`` whose
