@@ -93,7 +93,12 @@ def draw(results: dict[str, Any], curves: dict[str, Any], out_dir: str) -> list[
         for ps, ys in c.get("page_midpoint", {}).items():
             if ys:
                 ax.plot(xs, ys, marker="*", linestyle="--", linewidth=1.0,
-                        label=f"page_size={ps} partial pages, midpoint (simulated)")
+                        label=f"page_size={ps} midpoint (simulated)")
+        for ps, t in c.get("tier_midpoint", {}).items():
+            if t.get("fractions"):
+                ax.plot([100 * f for f in t["fractions"]], t["memory_hit_ratio"],
+                        linestyle="none", marker="P", markersize=9, color="tab:green",
+                        label=f"durablekv page_size={ps} midpoint (the tier, run)")
         ax.set_xscale("log")
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{x:g}%" for x in xs])

@@ -40,7 +40,7 @@ from typing import Any, AsyncIterator, Callable
 
 from .cache import Cache
 from .config import NOWAIT_UNSURE
-from .pages import HAS_TTL, RESIDENT
+from .pages import HAS_TTL, RESIDENT, SLOTTED
 from .stats import CacheStats
 from . import codec as _codec
 
@@ -70,6 +70,11 @@ def memory_hit(cache: Cache, key: Any) -> Any:
                 if page.state == RESIDENT:
                     page.stamp = next(cache._ticks)
                     return v if type(v) is not _Frozen else cache._codec.decode(v.blob)
+                if page.state == SLOTTED:  # policy="midpoint": a young entry
+                    stamps, slot = page.stamps, ref[1]
+                    if stamps[slot] > 0:
+                        stamps[slot] = next(cache._ticks)
+                        return v if type(v) is not _Frozen else cache._codec.decode(v.blob)
     return _MISSING
 
 

@@ -63,7 +63,7 @@ from .keyfilter import KeyFilter
 from .lifecycle import Lifecycle, _open_caches
 from .memoize import memoize as _memoize
 from .nowait import NoWait
-from .pages import HAS_TTL, MemoryTier, RESIDENT
+from .pages import HAS_TTL, RESIDENT, SLOTTED, make_tier
 from .policy import check_policy
 from .recovery import Recovery, _gc_paused
 from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, _first_lsn_of, list_segments
@@ -139,8 +139,11 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         transactions (``stats().store_evictions``; docs/operations.md).
         Not stored.
     :param policy: the memory tier's replacement policy: ``"lru"`` (default,
-        LRU of pages) or ``"tinylfu"`` (W-TinyLFU of pages; docs/policy.md).
-        Not stored: a store may be reopened with either.
+        LRU of pages), ``"tinylfu"`` (W-TinyLFU of pages) or ``"midpoint"``
+        (residency per entry inside pages: a young and an old sublist, a page
+        fault's neighbours entering at the midpoint, as in InnoDB's buffer
+        pool; not with ``max_memory_bytes``); docs/policy.md. Not stored: a
+        store may be reopened with any of them.
     :param flush_interval: seconds between write-behind flushes (and log
         fsyncs in ``durability="log"``).
     :param flush_batch_pages: a flush starts early once this many pages are dirty.
@@ -235,6 +238,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self.size_limit = size_limit
         _pgwire.check_store_args(store, namespace, durability)
         self.policy = check_policy(policy)
+        if self.policy == "midpoint" and max_memory_bytes is not None:
+            raise ConfigError(
+                f"max_memory_bytes={max_memory_bytes!r} with policy='midpoint': the byte "
+                "bound is per page and this policy keeps residency per entry; use "
+                "policy='lru' or policy='tinylfu' with max_memory_bytes, or bound "
+                "memory with max_pages alone")
         if type(warm) is not bool:
             raise ConfigError(f"warm={warm!r}: expected True (preload the pages that were "
                               "resident, the default) or False (start with a cold memory tier)")
@@ -335,9 +344,11 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._clock_offset, self._last_now = store.ttl_clock
         self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
         self._cond = threading.Condition(self._lock)  # back-pressure waits
-        self._tier = MemoryTier(store.page_size, max_pages, self.policy,
-                                max_bytes=self.max_memory_bytes)
+        self._tier = make_tier(store.page_size, max_pages, self.policy,
+                               max_bytes=self.max_memory_bytes)
         self._tier.track_departures = self.size_limit is not None
+        if self.policy == "midpoint":
+            self._tier.fill_open = self._whole
         self._store_evictions = 0
         self._store_stuck: tuple[int, int] | None = None  # see WriteBack._store_evicted
         # the tier's page table and LRU, for the hot path (never replaced:
@@ -470,6 +481,13 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                         # the tick is also the hit count (MemoryTier.ticks)
                         page.stamp = next(self._ticks)
                         return v if type(v) is not _Frozen else self._codec.decode(v.blob)
+                    if page.state == SLOTTED:
+                        # policy="midpoint": only a young entry is hit without
+                        # the lock (an old one moves; durablekv/midpoint.py)
+                        stamps, slot = page.stamps, ref[1]
+                        if stamps[slot] > 0:
+                            stamps[slot] = next(self._ticks)
+                            return v if type(v) is not _Frozen else self._codec.decode(v.blob)
         return self._get_locked(key, default)
 
     def _get_locked(self, key: Any, default: Any) -> Any:
@@ -493,12 +511,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                 self._expire(key)
                 self._misses += 1
                 return default
-            if page.state == RESIDENT:
-                page.stamp = next(self._ticks)
-                self._tier.locked_ticks += 1
+            if self._tier.hit(page, slot):
                 self._memory_hits += 1
             else:
-                self._tier.fault_pending(page)
                 self._store_hits += 1
             v = page.values[slot]
             return v if type(v) is not _Frozen else self._codec.decode(v.blob)
@@ -720,8 +735,10 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             # rows carry its entries' expiries; a page in memory was counted
             # above.
             pages = self._tier.pages
+            # (a page in memory in part, policy="midpoint", holds no expired
+            # loaded entry now: expiring one read the page in whole)
             return self._count - sum(n for pid, n in self._store.expired_by_page(now)
-                                     if pid not in pages)
+                                     if pid not in pages or pages[pid].unloaded)
 
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from . import __version__
 from .config import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
+from .policy import POLICIES
 from .traces import FORMATS, open_trace, zipf_workload
 
 __all__ = ["main", "replay"]
@@ -75,7 +76,7 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
     ``serializer`` is passed to :class:`~durablekv.Cache` (``"safe"``,
     ``"json"`` (another name for it) or ``"pickle"``); an existing cache
     must be opened with the one it was created with.
-    ``policy`` is the memory tier's replacement policy (``"lru"`` or
+    ``policy`` is the memory tier's replacement policy (``"lru"``, ``"midpoint"`` or
     ``"tinylfu"``, see :class:`~durablekv.Cache`). ``max_memory_bytes`` and
     ``size_limit`` (bytes, None: no bound) bound the memory tier and the store
     as in :class:`~durablekv.Cache`.
@@ -233,7 +234,12 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         return f"{100 * x:6.2f} %"
 
     slots = r.get("memory_slots", r["page_size"] * r["max_pages"])
-    if r["page_size"] == 1:
+    if r.get("policy") == "midpoint":
+        # residency per entry: the budget is max_pages x page_size entries
+        compare = f"<- compare this one with an LRU cache of {slots:,} entries"
+        tier = (f"the memory tier holds at most {slots:,} entries (midpoint: residency per "
+                f"entry, a page fault's neighbours entering at the midpoint)")
+    elif r["page_size"] == 1:
         compare = f"<- compare this one with an LRU cache of {slots:,} entries"
         tier = ("the memory tier is exactly such an LRU" if r.get("policy", "lru") == "lru"
                 else f"the memory tier runs {r['policy']} over {slots:,} entries")
@@ -270,7 +276,8 @@ def _print_report(r: dict[str, Any], out=None) -> None:
             "this size)",)),
         f"hits               memory {r['memory_hits']:,}, store {r['store_hits']:,}, "
         f"misses {r['misses']:,}",
-        f"evictions          {r['evictions']:,} pages from memory, "
+        f"evictions          {r['evictions']:,} "
+        f"{'entries' if r.get('policy') == 'midpoint' else 'pages'} from memory, "
         f"{r.get('store_evictions', 0):,} from the store",
         f"memory bytes       {r.get('memory_bytes', 0):,} resident "
         f"(max_memory_bytes {bound(r.get('max_memory_bytes'))})",
@@ -444,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slots per page (default: an existing cache's, else 16)")
     p.add_argument("--max-pages", type=_positive_int, default=4096,
                    help="pages resident in memory (default 4096)")
-    p.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
+    p.add_argument("--policy", choices=POLICIES, default="lru",
                    help="the memory tier's replacement policy (default lru; docs/policy.md)")
     add_byte_limit_arguments(p)
     p.add_argument("--durability", choices=("fsync", "log", "none"), default="log",

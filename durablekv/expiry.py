@@ -57,6 +57,9 @@ class Expiry:
     def _expire(self, key: Any) -> None:
         """Drop an expired entry (no log record: replaying its set re-creates an
         entry that is just as expired)."""
+        page = self._tier.table[key][0]
+        if page.unloaded:
+            self._whole(page)
         self._tier.remove(key, _REAL_MONOTONIC[0](), self._last_lsn + 1)
         self._count -= 1
         self._ttl_count -= 1
@@ -115,11 +118,18 @@ class Expiry:
     def _expire_in_memory(self, now: float) -> int:
         """Remove the entries in memory expired at ``now`` (lock held); return
         how many. Only page-table entries marked ``HAS_TTL`` are looked at."""
-        doomed = [k for k, (p, s, v) in self._tier.table.items()
-                  if v is HAS_TTL and now >= p.expires[s]]
-        for k in doomed:
-            self._expire(k)
-        return len(doomed)
+        removed = 0
+        while True:
+            doomed = [k for k, (p, s, v) in self._tier.table.items()
+                      if v is HAS_TTL and now >= p.expires[s]]
+            for k in doomed:
+                self._expire(k)
+            removed += len(doomed)
+            # policy="midpoint": expiring an entry of a page in memory in part
+            # reads the rest of the page in, and with it maybe more expired
+            # entries (each page is read in once, so this ends)
+            if not doomed or self.policy != "midpoint":
+                return removed
 
     def _sweep_expired(self) -> int:
         """Batcher thread, before each cycle: remove the expired entries of
@@ -170,7 +180,11 @@ class Expiry:
         """
         page = self._tier.pages.get(pid)
         if page is not None:
+            if page.unloaded:  # policy="midpoint": expired entries may be unloaded
+                self._whole(page)
             doomed = _expired_keys(page.keys, page.expires, now)
+            if not doomed and hasattr(self._tier, "settle"):
+                self._tier.settle(page)
         else:
             row = self._store.read_page(pid)
             slots, keys, values, expires = self._decode_page(pid, row)

@@ -14,7 +14,7 @@ from typing import Any
 from . import codec as _codec
 from .config import _U32_PACK
 from .errors import CorruptStoreError
-from .pages import Page
+from .pages import UNLOADED, Page
 from .stores.pageformat import ASCII_KEYS, INT_KEYS, RAW_BYTES, page_columns, split_page
 from .stores.sqlitefile import mark_damaged
 
@@ -62,17 +62,48 @@ class PageFaults:
             self._absent = key
             return None
         pid = found[0]
-        if pid in self._tier.pages:
-            return None  # its page is in memory and no longer holds it
-        self._fault_in(pid, None if found[1] is None else found[1:])
+        row = None if found[1] is None else found[1:]
+        page = self._tier.pages.get(pid)
+        if page is not None:
+            if not page.unloaded:
+                return None  # its page is in memory and no longer holds it
+            # policy="midpoint": the page is in memory in part; read the rest in
+            self._fill(page, row, want=key)
+        else:
+            self._fault_in(pid, row, want=key)
         return self._tier.table.get(key)
 
-    def _fault_in(self, pid: int, row: tuple[int, bytes] | None = None) -> Page:
-        """Read page ``pid`` (or use ``row`` = (n, blob) already read) and make it resident."""
+    def _fault_in(self, pid: int, row: tuple[int, bytes] | None = None,
+                  want: Any = UNLOADED) -> Page:
+        """Read page ``pid`` (or use ``row`` = (n, blob) already read) and make
+        it resident (``want``: the key whose access faulted, for
+        ``policy="midpoint"``, which makes that entry young and the rest old)."""
         if row is None:
             row = self._store.read_page(pid)
         slots, keys, values, expires = self._decode_page(pid, row)
-        return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
+        if want is UNLOADED or self.policy != "midpoint":
+            return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
+        return self._tier.install(pid, slots, keys, values, expires, len(row[1]), want=want)
+
+    def _fill(self, page: Page, row: tuple[int, bytes] | None = None, *,
+              want: Any = UNLOADED, for_write: bool = False) -> None:
+        """Read the unloaded entries of ``page`` (in memory in part, under
+        ``policy="midpoint"``) back in from its stored copy (``row`` if
+        already read); see :meth:`durablekv.midpoint.MidpointTier.fill`.
+
+        :raises CorruptStoreError: the stored page is missing, damaged, or
+            disagrees with the entries in memory (the store is marked damaged).
+        """
+        if row is None:
+            row = self._store.read_page(page.page_id)
+        slots, keys, values, expires = self._decode_page(page.page_id, row, partial=page)
+        self._tier.fill(page, slots, keys, values, expires, want=want, for_write=for_write)
+
+    def _whole(self, page: Page) -> None:
+        """Before ``page`` changes: read its unloaded entries in (they come in
+        outside the memory budget and leave after the flush that stores the
+        change), so that a flush writes the whole page."""
+        self._fill(page, for_write=True)
 
     def _check_disjoint(self, pid: int, keys: list[Any]) -> None:
         """A stored page that is not in memory cannot hold a key the memory
@@ -92,11 +123,13 @@ class PageFaults:
         mark_damaged(self._store.path, detail)
         return CorruptStoreError(self._store.path, detail)
 
-    def _decode_page(self, pid: int, row: tuple[int, bytes] | None
+    def _decode_page(self, pid: int, row: tuple[int, bytes] | None, partial: Page | None = None
                      ) -> tuple[list[int], list[Any], list[Any], list[float | None]]:
         """``(slots, keys, values, expires)`` of a stored page that is not in
         memory (``row`` = ``(n_entries, blob)``, None when the key index named
-        a page the store lacks), values in their memory form.
+        a page the store lacks), values in their memory form. ``partial``: the
+        page is in memory in part (``policy="midpoint"``, clean): its loaded
+        slots must hold the stored keys, the others keys memory lacks.
 
         :raises CorruptStoreError: the page is missing, cannot be decoded,
             disagrees with itself, or holds a key the memory tier holds (see
@@ -137,8 +170,33 @@ class PageFaults:
                 raise ValueError("it holds a key twice")
         except (ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
             raise self._damaged(f"page {pid} cannot be decoded: {exc}") from exc
-        self._check_disjoint(pid, keys)
+        if partial is None:
+            self._check_disjoint(pid, keys)
+        else:
+            self._check_partial(partial, slots, keys)
         return slots, keys, values, expires
+
+    def _check_partial(self, page: Page, slots: list[int], keys: list[Any]) -> None:
+        """The stored copy of a clean page in memory in part matches it: the
+        same slots in use, the loaded ones holding the same keys, and no
+        unloaded key held elsewhere in memory.
+
+        :raises CorruptStoreError: it does not (the store is marked damaged).
+        """
+        table = self._tier.table
+        mine = page.keys
+        if len(slots) != page.used:
+            raise self._damaged(f"page {page.page_id} holds {len(slots)} entries in the store "
+                                f"and {page.used} in memory, with no change to store")
+        for slot, key in zip(slots, keys):
+            held = mine[slot]
+            if held is UNLOADED:
+                if key in table:
+                    raise self._damaged(f"page {page.page_id} holds key {key!r}, which lives "
+                                        "in another page")
+            elif held != key or type(held) is not type(key):
+                raise self._damaged(f"page {page.page_id} slot {slot} holds {key!r} in the "
+                                    f"store and {held!r} in memory, with no change to store")
 
     def _ref(self, key: Any, now_fn=None) -> tuple | list | None:
         """The page-table entry ``(page, slot, value)`` of a live key, faulting

@@ -45,7 +45,7 @@ from typing import Any, Iterator, Sequence
 
 from .policy import TinyLFU, check_policy, counted_page_class
 
-__all__ = ["Page", "MemoryTier", "EMPTY", "HAS_TTL", "PAGE_BYTES_LIMIT"]
+__all__ = ["Page", "MemoryTier", "EMPTY", "HAS_TTL", "PAGE_BYTES_LIMIT", "UNLOADED", "make_tier"]
 
 #: Most encoded bytes (keys + values) a page holds, well under SQLite's
 #: default 1,000,000,000-byte limit on a blob: an insert that would pass it
@@ -75,7 +75,20 @@ class _HasTTL:
 #: must be read with the expiry, under the lock).
 HAS_TTL: Any = _HasTTL()
 
-RESIDENT, PENDING = 1, 2
+class _Unloaded:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNLOADED"
+
+
+#: Marker for a used slot whose entry is in the store only (``policy=
+#: "midpoint"``, :mod:`durablekv.midpoint`): the page is in memory in part.
+UNLOADED: Any = _Unloaded()
+
+#: Page states: in the LRU order; evicted while dirty (waiting for the
+#: write-behind); a page of the midpoint tier, whose residency is per slot.
+RESIDENT, PENDING, SLOTTED = 1, 2, 3
 
 
 class Page:
@@ -101,7 +114,7 @@ class Page:
     __slots__ = ("page_id", "keys", "values", "expires", "used", "version",
                  "keys_version", "state", "dirty_since", "stored_n",
                  "stored_ttl_n", "stored_keys_version", "free_slots", "dirty_lsn",
-                 "flight_lsn", "nbytes", "stamp", "heap_stamp")
+                 "flight_lsn", "nbytes", "stamp", "heap_stamp", "unloaded")
 
     def __init__(self, page_id: int, page_size: int, full: tuple[list[Any], list[Any],
                  list[float | None]] | None = None) -> None:
@@ -129,6 +142,7 @@ class Page:
         self.nbytes = 0
         self.stamp = 0        # recency: the tier's tick at the last access
         self.heap_stamp = -1  # stamp of this page's entry in the LRU heap; -1: none
+        self.unloaded = 0     # used slots whose entry is in the store only (midpoint)
 
     def __repr__(self) -> str:
         st = "resident" if self.state == RESIDENT else "pending"
@@ -239,6 +253,32 @@ class MemoryTier:
         """Mark ``page`` most recently used (it must be resident)."""
         page.stamp = next(self.ticks)
         self.locked_ticks += 1
+
+    def recency(self, pages: list[Page]) -> list[tuple[float, int]]:
+        """``(recency stamp, page id)`` of the resident pages among ``pages``
+        (for ``resident.list``; stamps move lock-free, so the caller sorts)."""
+        return [(p.stamp, p.page_id) for p in pages if p.state == RESIDENT and p.heap_stamp >= 0]
+
+    def warm_room(self) -> int:
+        """Pages a warm preload may still bring in without evicting."""
+        return self.max_pages - self.resident
+
+    def warm_entries(self) -> int:
+        """Entries a warm preload may still bring in (no bound in entries here)."""
+        return self.page_size
+
+    def hit(self, page: Page, slot: int) -> bool:
+        """An access to ``slot`` of ``page`` (in the page table), lock held.
+
+        :returns: True for a memory hit (the page is resident: touched),
+            False for a page fault (a pending page taken back).
+        """
+        if page.state == RESIDENT:
+            page.stamp = next(self.ticks)
+            self.locked_ticks += 1
+            return True
+        self.fault_pending(page)
+        return False
 
     def make_resident(self, page: Page, stamp: float | None = None) -> None:
         """Put a pending or newly built page at the MRU end, evicting if full
@@ -632,3 +672,18 @@ class MemoryTier:
             # most recently dirtied.
             self.dirty.pop(page.page_id, None)
             self.dirty[page.page_id] = page
+
+
+def make_tier(page_size: int, max_pages: int, policy: str = "lru",
+              max_bytes: int | None = None) -> MemoryTier:
+    """The memory tier for ``policy``: a :class:`MemoryTier` (``"lru"``,
+    ``"tinylfu"``) or a :class:`durablekv.midpoint.MidpointTier`
+    (``"midpoint"``, residency per entry).
+
+    :raises durablekv.errors.ConfigError: an unknown policy, or
+        ``max_bytes`` with ``"midpoint"``.
+    """
+    if check_policy(policy) == "midpoint":
+        from .midpoint import MidpointTier
+        return MidpointTier(page_size, max_pages, max_bytes)
+    return MemoryTier(page_size, max_pages, policy, max_bytes)

@@ -51,7 +51,7 @@ __all__ = ["FrequencySketch", "TinyLFU", "WindowClimber", "POLICIES", "check_pol
            "window_split"]
 
 #: The policy names ``Cache(policy=...)`` takes.
-POLICIES = ("lru", "tinylfu")
+POLICIES = ("lru", "tinylfu", "midpoint")
 
 #: ``bytes.translate`` table halving every counter (the sketch's aging).
 _HALVE = bytes(i >> 1 for i in range(256))
@@ -65,7 +65,7 @@ def check_policy(policy: Any) -> str:
     if policy not in POLICIES:
         from .errors import ConfigError
         raise ConfigError(f"policy={policy!r}: expected one of {', '.join(map(repr, POLICIES))}; "
-                          "use policy='lru' (the default) or policy='tinylfu'")
+                          "use policy='lru' (the default), 'tinylfu' or 'midpoint'")
     return policy
 
 

@@ -221,8 +221,11 @@ class Recovery:
             for pid in chunk:
                 if tier.pending >= self.max_pending_pages:
                     self._backpressure()
-                if pid not in tier.pages:  # (a page in memory is authoritative)
+                page = tier.pages.get(pid)
+                if page is None:  # (a page in memory is authoritative)
                     self._fault_in(pid, rows.get(pid))
+                elif page.unloaded:  # (policy="midpoint": but maybe not whole)
+                    self._whole(page)
                 for i in by_page[pid]:
                     key = keys[i]
                     ref = table.get(key)
@@ -236,10 +239,7 @@ class Recovery:
                     if op == OP_SET and i not in fresh and tier.fits(page, nbytes):
                         tier.update(page, slot, from_blob(vb), expire_at, now, lsn, nbytes)
                         self._ttl_count += (expire_at is not None) - (old is not None)
-                        if page.state == RESIDENT:
-                            tier.touch(page)
-                        else:
-                            tier.fault_pending(page)
+                        tier.hit(page, slot)
                         continue
                     if op == OP_SET:
                         if i not in fresh:

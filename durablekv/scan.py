@@ -67,9 +67,18 @@ class Scans:
                 keys.append(k)
             if not self._clear_pending:
                 in_memory = self._tier.pages
+                table = self._tier.table
                 decode = _codec.decode_key
                 for ck, orig, pid, e in self._store.scan_index():
-                    if pid in in_memory:
+                    page = in_memory.get(pid)
+                    if page is not None:
+                        if not page.unloaded:
+                            continue  # in memory whole: the table listed its keys
+                        # policy="midpoint": in memory in part; its loaded
+                        # keys are in the table, its unloaded ones only here
+                        k = decode(orig if orig is not None else ck)
+                        if k not in table:
+                            keys.append(k)
                         continue
                     if e is not None:
                         if now is None:
@@ -135,6 +144,8 @@ class Scans:
         # them: only memory holds entries then (_scan_lookup looks there).
         rows = {} if self._clear_pending else \
             self._store.read_pages([p for p in pids if p not in tier.pages])
+        # (a page in memory, even in part under policy="midpoint", is looked
+        # up key by key below: _scan_lookup reads what memory lacks)
         from_memory = self._codec.from_memory
         found = []
         for pid in pids:
@@ -170,10 +181,15 @@ class Scans:
         if self._clear_pending:
             return None
         found = self._store.find(_codec.canonical_key(key))
-        if found is None or found[0] in self._tier.pages:
-            return None  # gone, or its page is in memory and no longer holds it
+        if found is None:
+            return None
+        page = self._tier.pages.get(found[0])
+        if page is not None and not page.unloaded:
+            return None  # its page is in memory whole and no longer holds it
+        # (page not None: in memory in part, policy="midpoint"; the stored
+        # copy agrees with the loaded slots, which _decode_page checks)
         _slots, pkeys, values, expires = self._decode_page(
-            found[0], None if found[1] is None else found[1:])
+            found[0], None if found[1] is None else found[1:], partial=page)
         for j, k in enumerate(pkeys):
             if k == key:
                 if expires[j] is not None and now >= expires[j]:

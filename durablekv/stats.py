@@ -90,7 +90,8 @@ class CacheStats:
         set of the same value).
     :ivar deletes: entries removed by ``delete``, ``pop``, ``popitem`` and
         ``touch(key, 0)``.
-    :ivar evictions: pages evicted from the memory tier.
+    :ivar evictions: pages evicted from the memory tier (entries under
+        ``policy="midpoint"``, whose residency is per entry).
     :ivar store_evictions: pages evicted from the store by ``size_limit``.
     :ivar page_faults: pages made resident again (from SQLite or the queue).
     :ivar expirations: entries dropped because their TTL had passed.
@@ -99,7 +100,9 @@ class CacheStats:
     :ivar flush_errors: flush attempts that failed (and were retried).
     :ivar pending_pages: *now*: evicted dirty pages waiting for the batcher.
     :ivar dirty_pages: *now*: pages (resident or pending) not yet in SQLite.
-    :ivar resident_pages: *now*: pages in the memory tier.
+    :ivar resident_pages: *now*: pages in the memory tier (under
+        ``policy="midpoint"``: pages holding at least one entry in its budget
+        of ``max_pages * page_size`` entries).
     :ivar max_pages: the memory tier's bound in pages.
     :ivar memory_bytes: *now*: bytes of the resident pages' entries (see
         ``Cache(max_memory_bytes=)`` for how they are counted).
@@ -108,7 +111,8 @@ class CacheStats:
         its last commit (what ``size_limit`` bounds; ``store_bytes`` is the
         file size, which also counts the key index and free file pages).
     :ivar size_limit: the store's bound in bytes; None: no bound.
-    :ivar policy: the memory tier's replacement policy (``"lru"``, ``"tinylfu"``).
+    :ivar policy: the memory tier's replacement policy (``"lru"``, ``"tinylfu"``,
+        ``"midpoint"``).
     :ivar page_size: slots per page.
     :ivar log_bytes: *now*: bytes in the replay log's segments.
     :ivar store_bytes: *now*: bytes of ``pages.sqlite3`` and its WAL.

@@ -61,7 +61,6 @@ import zlib
 from ._perms import replace_private_file
 from .config import _OPEN, _REAL_MONOTONIC
 from .errors import CorruptStoreError, StoreError
-from .pages import RESIDENT
 from .recovery import _count_of
 
 __all__ = ["RESIDENCY_FILE", "RESIDENCY_INTERVAL", "WARM_BATCH", "MAX_LISTED_PAGES",
@@ -297,7 +296,7 @@ class WarmRestart:
                     # closing: the list saved at close keeps what was not read
                     self._warm_rest = ids[pos:]
                     return
-                room = tier.max_pages - tier.resident
+                room = tier.warm_room()
                 if room <= 0:
                     return
                 batch = []
@@ -316,6 +315,8 @@ class WarmRestart:
                         if (tier.max_bytes is not None
                                 and tier.resident_bytes + len(row[1]) > tier.max_bytes):
                             return  # max_memory_bytes: the preload never evicts either
+                        if row[0] > tier.warm_entries():
+                            return  # (policy="midpoint": room in entries, not pages)
                         slots, keys, values, expires = self._decode_page(pid, row)
                         tier.install(pid, slots, keys, values, expires, len(row[1]),
                                      warm_stamp=stamp)
@@ -346,7 +347,7 @@ class WarmRestart:
         the lock anyway: a memory hit stamps its page lock-free)."""
         with self._lock:
             pages = list(self._tier.pages.values())
-        live = [(p.stamp, p.page_id) for p in pages if p.state == RESIDENT and p.heap_stamp >= 0]
+        live = self._tier.recency(pages)
         live.sort(reverse=True)
         out = [pid for _, pid in live]
         if self._warm_rest:

@@ -24,7 +24,7 @@ from .config import _BYTES, _REAL_MONOTONIC, _STR, _U32_PACK
 from .errors import CorruptStoreError, StoreError
 from .expiry import _SWEEP_RETRY
 from .keyfilter import KeyFilter
-from .pages import EMPTY, RESIDENT
+from .pages import EMPTY, PENDING, RESIDENT
 from .stores.base import PageImage
 from .stores.pageformat import ASCII_KEYS, RAW_BYTES, encode_columns, encode_page
 
@@ -273,7 +273,8 @@ class WriteBack:
             # (A page faulted in, or changed, while the commit runs stays in
             # memory: flush_done has it written again.)
             left, tier.departed = tier.departed, []
-            keep = frozenset([pid for pid, p in tier.pages.items() if p.state == RESIDENT])
+            # (a midpoint page in memory in part too: the store holds the rest)
+            keep = frozenset([pid for pid, p in tier.pages.items() if p.state != PENDING])
             return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn,
                              self._ttl_clock, keep, left)
 

@@ -54,14 +54,13 @@ class WritePath:
         now = _REAL_MONOTONIC[0]()
         if ref is not None:
             page, slot, _ = ref
+            if page.unloaded:
+                self._whole(page)
             old = page.expires[slot]
             if tier.fits(page, nbytes):
                 tier.update(page, slot, held, expire_at, now, lsn, nbytes)
                 self._ttl_count += (expire_at is not None) - (old is not None)
-                if page.state == RESIDENT:
-                    tier.touch(page)
-                else:
-                    tier.fault_pending(page)
+                tier.hit(page, slot)
             else:
                 # The page would outgrow PAGE_BYTES_LIMIT: move the entry to
                 # another page, keeping the key object first stored.
@@ -82,6 +81,8 @@ class WritePath:
 
     def _apply_delete(self, key: Any, lsn: int) -> None:
         page, slot, _ = self._tier.table[key]
+        if page.unloaded:
+            self._whole(page)
         if page.expires[slot] is not None:
             self._ttl_count -= 1
         self._tier.remove(key, _REAL_MONOTONIC[0](), lsn)

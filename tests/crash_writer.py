@@ -1,6 +1,6 @@
 """Writer process for the crash tests (run as a script, killed with SIGKILL).
 
-Usage: python crash_writer.py DIR SEED DURABILITY MODE
+Usage: python crash_writer.py DIR SEED DURABILITY MODE [POLICY]
 
 Performs random sets, overwrites and deletes over a small key space, with a
 tiny memory tier so pages are evicted and faulted back all the time, and
@@ -87,8 +87,10 @@ def main() -> None:
             return real_commit(self, conn)
 
         Cache._replay, SQLitePageStore._commit = replay, commit
+    # POLICY (optional, default lru): the memory tier's policy
+    policy = sys.argv[5] if len(sys.argv) > 5 else "lru"
     cache = Cache(directory, page_size=4, max_pages=3, durability=durability,
-                  segment_bytes=4096, **opts)
+                  segment_bytes=4096, policy=policy, **opts)
     say("READY")
     for i in range(10**9):
         key = f"k{rng.randrange(200)}"

@@ -30,7 +30,7 @@ MARKERS = {"txn": "T", "truncate": "U", "recovery": "R", "replayflush": "P"}
 
 
 def run_writer_and_kill(directory: Path, seed: int, durability: str, kill_after: float,
-                        mode: str = "random") -> list[str]:
+                        mode: str = "random", policy: str = "lru") -> list[str]:
     """Start a writer; SIGKILL it at its mode's marker, or ``kill_after`` s after it
     started writing; return the lines it reported.
 
@@ -42,7 +42,7 @@ def run_writer_and_kill(directory: Path, seed: int, durability: str, kill_after:
     to the random time."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, str(WRITER), str(directory), str(seed), durability,
-                             mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                             mode, policy], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     marker = MARKERS.get(mode)
     waits_for_marker = mode in ("txn", "truncate")
     buf = b""
@@ -109,9 +109,9 @@ def apply_lines(model: dict, uncertain: dict, lines: list[str]) -> int:
     return acked
 
 
-def verify(directory: Path, model: dict, uncertain: dict) -> int:
+def verify(directory: Path, model: dict, uncertain: dict, policy: str = "lru") -> int:
     """Reopen and compare every key; settle the uncertain ones from what is there."""
-    with Cache(directory, page_size=4, max_pages=3) as cache:
+    with Cache(directory, page_size=4, max_pages=3, policy=policy) as cache:
         actual = dict(cache.items())
         assert len(cache) == len(actual)
     for key, allowed in uncertain.items():
@@ -134,7 +134,7 @@ def _diff(model: dict, actual: dict) -> str:
 
 def crash_cycles(tmp_path: Path, durability: str, cycles: int, seed: int,
                  modes=("random", "txn", "recovery", "truncate", "random", "recovery",
-                        "replayflush")):
+                        "replayflush"), policy: str = "lru"):
     """Run ``cycles`` write-kill-verify rounds on one directory; return
     (acknowledged calls, keys checked, kills by where they landed).
 
@@ -157,11 +157,12 @@ def crash_cycles(tmp_path: Path, durability: str, cycles: int, seed: int,
                   "replayflush": ["noflush", "replayflush"]}.get(mode, [mode])
         for i, m in enumerate(rounds):
             lines = run_writer_and_kill(directory, seed * 1000 + cycle * 10 + i, durability,
-                                        kill_after=rng.uniform(0.02, 0.6), mode=m)
+                                        kill_after=rng.uniform(0.02, 0.6), mode=m,
+                                        policy=policy)
             landed = m if MARKERS.get(m) in lines or m in ("random", "noflush") else "random"
             kills[landed] = kills.get(landed, 0) + 1
             acked_total += apply_lines(model, uncertain, lines)
-        checked += verify(directory, model, uncertain)
+        checked += verify(directory, model, uncertain, policy)
     return acked_total, checked, kills
 
 
@@ -179,10 +180,30 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path, durability):
           f"kills {kills}, 0 lost")
 
 
+def test_sigkill_midpoint_policy(tmp_path):
+    """The same kills with policy="midpoint": pages in memory in part, entries
+    left while their page was dirty, and pages read back whole before they
+    change lose nothing either (a 3-page tier of 12 entries over 200 keys)."""
+    acked, checked, kills = crash_cycles(tmp_path, "log", cycles=14, seed=13,
+                                         policy="midpoint")
+    assert acked > 50 * 14, "the writer must have done real work before the kills"
+    assert kills.get("txn", 0) >= 1 and kills.get("recovery", 0) >= 1, kills
+    print(f"midpoint: 14 cycles, {acked} acknowledged calls, {checked} key checks, "
+          f"kills {kills}, 0 lost")
+
+
 @pytest.mark.stress
 @pytest.mark.parametrize("durability", ["log", "fsync"])
 def test_sigkill_many_cycles(tmp_path, durability):
     acked, checked, kills = crash_cycles(tmp_path, durability, cycles=200, seed=11)
     assert acked > 50 * 200
     print(f"{durability}: 200 cycles, {acked} acknowledged calls, {checked} key checks, "
+          f"kills {kills}, 0 lost")
+
+
+@pytest.mark.stress
+def test_sigkill_many_cycles_midpoint(tmp_path):
+    acked, checked, kills = crash_cycles(tmp_path, "log", cycles=100, seed=17, policy="midpoint")
+    assert acked > 50 * 100
+    print(f"midpoint: 100 cycles, {acked} acknowledged calls, {checked} key checks, "
           f"kills {kills}, 0 lost")

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
+from ..policy import POLICIES
 
 __all__ = ["add_arguments", "run", "TOKEN_ENV", "read_token", "is_loopback"]
 
@@ -49,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--page-size", type=int, help="slots per page (new stores; default 16)")
     g.add_argument("--max-pages", type=int, default=4096, help="pages in memory "
                    "(default %(default)s)")
-    g.add_argument("--policy", choices=("lru", "tinylfu"), default="lru",
+    g.add_argument("--policy", choices=POLICIES, default="lru",
                    help="which resident page leaves memory first (default %(default)s; "
                    "see docs/policy.md)")
     add_byte_limit_arguments(g)

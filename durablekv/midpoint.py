@@ -1,0 +1,627 @@
+"""Partial pages with midpoint insertion: ``Cache(policy="midpoint")``.
+
+A page stays the unit of I/O (new keys fill the open page in arrival order,
+a page fault reads the whole stored page, a flush writes whole pages), but
+residency is per *entry*: the memory tier holds at most ``max_pages *
+page_size`` entries, and a page in memory may hold only some of its stored
+entries. The entries in memory form one LRU list split into a *young* head
+and an *old* tail (:data:`OLD_FRACTION` of the budget):
+
+* a hit, a set or a new key puts the entry at the young MRU end; a hit in
+  the old sublist moves the entry there;
+* a page fault puts the requested entry at the young MRU end and the page's
+  other entries that were not in memory (its neighbours, read with it) at
+  the *midpoint*, the old sublist's MRU end;
+* the young sublist's overflow moves to the old MRU end; the old LRU end
+  (the young LRU end when the old sublist is empty) leaves memory.
+
+This is InnoDB's buffer pool LRU, whose read-ahead pages enter at the
+midpoint (MySQL reference manual, "Making the Buffer Pool Scan Resistant";
+``innodb_old_blocks_pct`` = 37, hence 3/8), with entries in place of
+InnoDB's pages and pages in place of its read-ahead extents. With
+``page_size=1`` there are no neighbours and the two sublists are one LRU
+list: an exact entry-level LRU. ``bench.sim.page_midpoint`` is the same
+policy on a trace; single-threaded, this tier's memory hits equal it
+exactly (tests/test_midpoint.py).
+
+Per-slot state (``SlotPage.where``), changed only under the cache lock:
+
+* ``YOUNG``: in the young sublist; ``stamps[slot]`` is its recency tick
+  (stored without the lock by a memory hit, as a page's stamp is under
+  ``lru``), and the young sublist is a min-heap of filed stamps re-filed
+  lazily, as the page heap of :class:`~durablekv.pages.MemoryTier`. A
+  lock-free hit is taken only while ``stamps[slot] > 0``, i.e. young;
+* ``OLD``: in the old sublist, a FIFO (entries enter it only at its MRU
+  end). A hit there takes the lock, since it moves the entry;
+* ``DOOMED``: chosen to leave memory while its page is dirty. Its data
+  stays (the page's next flush must write it) but it no longer counts
+  against the budget; it leaves when that flush commits. An access to it is
+  a page fault, as for a pending page under ``lru``;
+* ``OUT``: a free slot, or an *unloaded* one: its entry is in the store
+  only (``keys[slot]`` is :data:`UNLOADED`, the page table has no entry for
+  it). Only a clean page has unloaded slots; before a page with unloaded
+  slots is changed, the cache reads them back in (as ``DOOMED``: the change
+  makes the page dirty), so a flush always writes a complete page.
+
+Pure data structures: no threads, no I/O, no locks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from heapq import heappop, heappush, heapreplace
+from itertools import count
+from typing import Any, Sequence
+
+from .pages import EMPTY, HAS_TTL, PENDING, MemoryTier, Page, SLOTTED, UNLOADED, _entries
+
+__all__ = ["MidpointTier", "SlotPage", "OLD_FRACTION"]
+
+#: The old sublist's share of the entry budget (InnoDB's
+#: ``innodb_old_blocks_pct`` default of 37%).
+OLD_FRACTION = 0.375
+
+YOUNG, OLD, DOOMED, OUT = 1, 2, 3, 0
+
+
+class SlotPage(Page):
+    """A page of a :class:`MidpointTier`: a :class:`~durablekv.pages.Page`
+    with per-slot residency.
+
+    :ivar stamps: per slot, the recency tick while young (> 0), else 0.
+    :ivar where: per slot, ``YOUNG``, ``OLD``, ``DOOMED`` or ``OUT``.
+    :ivar filed: per slot, the stamp its young heap entry was filed under,
+        or the token of its old sublist entry.
+    :ivar live: slots young or old (counted against the budget).
+    :ivar doomed: slots ``DOOMED``.
+    """
+
+    __slots__ = ("stamps", "where", "filed", "live", "doomed")
+
+    def __init__(self, page_id: int, page_size: int, full: tuple[list[Any], list[Any],
+                 list[float | None]] | None = None) -> None:
+        super().__init__(page_id, page_size, full)
+        n = len(self.keys)
+        self.state = SLOTTED
+        self.stamps = [0] * n
+        self.where = [OUT] * n
+        self.filed = [0] * n
+        self.live = 0
+        self.doomed = 0
+
+    def __repr__(self) -> str:
+        return (f"<SlotPage {self.page_id} {self.used}/{len(self.keys)} live {self.live} "
+                f"doomed {self.doomed} unloaded {self.unloaded} v{self.version}>")
+
+
+class MidpointTier(MemoryTier):
+    """The memory tier under ``policy="midpoint"`` (see the module docstring).
+
+    :param page_size: slots per page (>= 1).
+    :param max_pages: the budget is ``max_pages * page_size`` entries.
+    :raises durablekv.errors.ConfigError: ``max_bytes`` given (a byte bound
+        is per page; under this policy residency is per entry, and entry
+        sizes are not kept: use ``policy="lru"`` or ``"tinylfu"`` with
+        ``max_memory_bytes``).
+
+    Counters, as :class:`~durablekv.pages.MemoryTier`'s, but per entry:
+    ``evictions`` counts entries chosen to leave memory, ``resident`` the
+    pages holding at least one entry in the budget, ``entries`` the entries
+    in it (at most ``budget``), ``page_faults`` the accesses that read a
+    page's missing entries in (or found the entry doomed), ``reloads`` the
+    reads of a page's unloaded entries that a change of the page needed
+    (a write-side read the simulator does not have). ``resident_bytes`` is
+    the stored size of every page in memory, an upper bound for partial ones.
+    """
+
+    def __init__(self, page_size: int, max_pages: int, max_bytes: int | None = None) -> None:
+        if max_bytes is not None:
+            from .errors import ConfigError
+            raise ConfigError(
+                f"max_memory_bytes={max_bytes!r} with policy='midpoint': the byte bound "
+                "is per page and this policy's residency is per entry; use "
+                "policy='lru' or policy='tinylfu' with max_memory_bytes, or bound "
+                "memory with max_pages")
+        super().__init__(page_size, max_pages)
+        self.policy_name = "midpoint"
+        self._new_page = SlotPage
+        self.budget = max_pages * page_size
+        self.young_cap = max(1, self.budget - int(OLD_FRACTION * self.budget))
+        self.young: list[tuple[float, SlotPage, int]] = []   # (filed stamp, page, slot)
+        self.old: deque[tuple[int, SlotPage, int]] = deque()  # (token, page, slot)
+        self.young_n = 0
+        self.old_n = 0
+        self.reloads = 0
+        #: ``fill_open(page)``: read the unloaded entries of the open page back
+        #: in before an insert (the cache's ``_whole``: I/O, lock held).
+        self.fill_open: Any = None
+        self._tokens = count(1)
+        self._warm_tokens = count(-1, -1)  # FIFO tokens of the LRU end (unique, ordered)
+
+    @property
+    def entries(self) -> int:
+        """Entries counted against the budget (young + old)."""
+        return self.young_n + self.old_n
+
+    # -- per-slot moves (lock held) --------------------------------------------------
+
+    def _young(self, page: SlotPage, slot: int, stamp: float | None = None) -> None:
+        """Put ``slot`` at the young MRU end (it is not young or old now)."""
+        if stamp is None:
+            stamp = next(self.ticks)
+            self.locked_ticks += 1
+        page.where[slot] = YOUNG
+        page.stamps[slot] = page.filed[slot] = stamp
+        heappush(self.young, (stamp, page, slot))
+        self.young_n += 1
+        self._gain(page)
+
+    def _old(self, page: SlotPage, slot: int, lru_end: bool = False) -> None:
+        """Put ``slot`` at the old MRU end (``lru_end``: at the LRU end, for a
+        warm preload, which brings pages in most recent first); it is not
+        young or old now."""
+        page.where[slot] = OLD
+        page.stamps[slot] = 0
+        if lru_end:
+            page.filed[slot] = tok = next(self._warm_tokens)
+            self.old.appendleft((tok, page, slot))
+        else:
+            page.filed[slot] = tok = next(self._tokens)
+            self.old.append((tok, page, slot))
+        self.old_n += 1
+        self._gain(page)
+
+    def _gain(self, page: SlotPage) -> None:
+        page.live += 1
+        if page.live == 1:
+            self.resident += 1
+
+    def _lose(self, page: SlotPage, slot: int) -> None:
+        """``slot`` stops being young or old (its heap or FIFO entry goes stale)."""
+        if page.where[slot] == YOUNG:
+            self.young_n -= 1
+        else:
+            self.old_n -= 1
+        page.where[slot] = OUT
+        page.stamps[slot] = 0
+        page.live -= 1
+        if page.live == 0:
+            self.resident -= 1
+
+    def _undoom(self, page: SlotPage, slot: int) -> None:
+        page.where[slot] = OUT
+        page.doomed -= 1
+        if page.doomed == 0:
+            self.pending -= 1
+
+    def _pop_young(self) -> tuple[SlotPage, int]:
+        """The young LRU entry (the sublist must not be empty), still young."""
+        heap = self.young
+        while True:
+            filed, page, slot = heap[0]
+            if page.where[slot] != YOUNG or page.filed[slot] != filed:
+                heappop(heap)  # stale: it left the young sublist after this was filed
+            elif (stamp := page.stamps[slot]) != filed:
+                page.filed[slot] = stamp  # hit since it was filed (read once, see pages.py)
+                heapreplace(heap, (stamp, page, slot))
+            else:
+                return page, slot
+
+    def _pop_old(self) -> tuple[SlotPage, int] | None:
+        """The old LRU entry, still old, or None when the old sublist is empty."""
+        old = self.old
+        while old:
+            tok, page, slot = old[0]
+            if page.where[slot] == OLD and page.filed[slot] == tok:
+                return page, slot
+            old.popleft()
+        return None
+
+    def _rebalance(self) -> None:
+        """Move the young overflow to the old sublist, then evict down to the
+        budget. (The per-entry moves of :meth:`_lose`, :meth:`_old`,
+        :meth:`_victim` and :meth:`_unload` written out in the loops: this
+        runs for every entry a page fault brings in.)"""
+        if self.young_n > self.young_cap:
+            old, tokens = self.old, self._tokens
+            n = self.young_n - self.young_cap
+            for _ in range(n):
+                page, slot = self._pop_young()
+                page.where[slot] = OLD
+                page.stamps[slot] = 0
+                page.filed[slot] = tok = next(tokens)
+                old.append((tok, page, slot))
+            self.young_n -= n
+            self.old_n += n
+        excess = self.young_n + self.old_n - self.budget
+        if excess > 0:
+            old, dirty, table = self.old, self.dirty, self.table
+            popleft = old.popleft
+            while excess > 0:
+                if self.old_n:
+                    tok, page, slot = popleft()
+                    if page.where[slot] != OLD or page.filed[slot] != tok:
+                        continue  # stale: it left the old sublist after this was filed
+                    stamp = page.stamps[slot]
+                    if stamp > 0:
+                        # a lock-free hit raced its move to the old sublist:
+                        # that hit counts, so the entry is young again
+                        self.old_n -= 1
+                        page.live -= 1
+                        self._young(page, slot, stamp)
+                        if page.live == 1:
+                            self.resident -= 1  # (_young counted it again)
+                        if self.young_n > self.young_cap:
+                            return self._rebalance()
+                        continue
+                    self.old_n -= 1
+                else:
+                    page, slot = self._pop_young()
+                    page.stamps[slot] = 0
+                    self.young_n -= 1
+                excess -= 1
+                page.live -= 1
+                if page.live == 0:
+                    self.resident -= 1
+                self.evictions += 1
+                if page.page_id in dirty:
+                    page.where[slot] = DOOMED
+                    page.doomed += 1
+                    if page.doomed == 1:
+                        self.pending += 1
+                else:
+                    page.where[slot] = OUT
+                    keys = page.keys
+                    del table[keys[slot]]
+                    keys[slot] = UNLOADED
+                    page.values[slot] = None
+                    page.expires[slot] = None
+                    page.unloaded += 1
+                    if page.live == 0:
+                        self._maybe_drop(page)
+        if len(self.young) > 2 * self.young_n + 64:
+            self.young = [(p.filed[s], p, s) for f, p, s in self.young
+                          if p.where[s] == YOUNG and p.filed[s] == f]
+            self.young.sort()
+        if len(self.old) > 2 * self.old_n + 64:
+            self.old = deque(e for e in self.old
+                             if e[1].where[e[2]] == OLD and e[1].filed[e[2]] == e[0])
+
+    def _victim(self, page: SlotPage, slot: int) -> None:
+        """``slot`` (no longer young or old) leaves memory: at once when its page
+        is clean, else when the page's flush commits (doomed)."""
+        self.evictions += 1
+        if page.page_id in self.dirty:
+            page.where[slot] = DOOMED
+            page.doomed += 1
+            if page.doomed == 1:
+                self.pending += 1
+        else:
+            self._unload(page, slot)
+            self._maybe_drop(page)
+
+    def _unload(self, page: SlotPage, slot: int) -> None:
+        """Drop a clean slot's entry from memory (the store holds it)."""
+        del self.table[page.keys[slot]]
+        page.keys[slot] = UNLOADED
+        page.values[slot] = None
+        page.expires[slot] = None
+        page.where[slot] = OUT
+        page.unloaded += 1
+
+    def _maybe_drop(self, page: SlotPage) -> None:
+        """Forget ``page`` once it holds no entry in memory and is clean."""
+        if page.live == 0 and page.doomed == 0 and page.state != PENDING \
+                and page.page_id not in self.dirty and page.used == page.unloaded \
+                and page is not self.open_page:  # (see _take_page)
+            if self.track_departures:
+                self.departed.append(page.page_id)
+            self.resident_bytes -= page.nbytes
+            del self.pages[page.page_id]
+
+    # -- MemoryTier's interface ------------------------------------------------------
+
+    def touch(self, page: Page) -> None:
+        """Page-level touch: not meaningful per entry; see :meth:`hit`."""
+        raise TypeError("MidpointTier keeps recency per entry: use hit(page, slot)")
+
+    def hit(self, page: Page, slot: int) -> bool:
+        """An access to ``slot`` of ``page`` (in the page table) under the lock.
+
+        :returns: True for a memory hit (young or old); False when the entry
+            was doomed: a page fault, as the simulator counts it (the entry
+            becomes young, the page's other doomed entries old).
+        """
+        where = page.where[slot]
+        if where == YOUNG:
+            page.stamps[slot] = next(self.ticks)
+            self.locked_ticks += 1
+            return True
+        if where == OLD:
+            self._lose(page, slot)
+            self._young(page, slot)
+            self._rebalance()
+            return True
+        # DOOMED: the simulator's page fault (its entry is out of memory there)
+        self.page_faults += 1
+        self._undoom(page, slot)
+        self._young(page, slot)
+        for s, w in enumerate(page.where):
+            if w == DOOMED:
+                self._undoom(page, s)
+                self._old(page, s)
+        self._rebalance()
+        return False
+
+    def fault_pending(self, page: Page) -> None:
+        raise TypeError("MidpointTier has no pending pages with entries: use hit(page, slot)")
+
+    def make_resident(self, page: Page, stamp: float | None = None) -> None:
+        """A page taken for inserts (new, or empty from the free list)."""
+        if page.state == PENDING:
+            self.pending -= 1
+            page.state = SLOTTED
+
+    def over(self) -> bool:
+        return self.young_n + self.old_n > self.budget
+
+    def shrink(self, keep: Page | None = None) -> None:
+        return None  # no byte bound under this policy (see __init__)
+
+    def lru_order(self) -> list[Page]:
+        """Pages holding entries in the budget, least recently used first by
+        their most recent young entry (for tests and introspection)."""
+        live = [p for p in self.pages.values() if getattr(p, "live", 0)]
+        return sorted(live, key=lambda p: max(p.stamps))
+
+    def install(self, page_id: int, slots: Sequence[int], keys: list[Any], values: list[Any],
+                expires: list[float | None], nbytes: int = 0, *, resident: bool = True,
+                warm_stamp: float | None = None, want: Any = UNLOADED) -> Page:
+        """As :meth:`MemoryTier.install`, per entry: a page fault puts the
+        entry of key ``want`` young and the others old (the midpoint); a
+        warm preload (``warm_stamp``) puts every entry old, evicting nothing
+        (the caller checks :meth:`room`); ``resident=False`` takes them in
+        doomed (the caller dirties the page at once)."""
+        n = len(keys)
+        if n == self.page_size and list(slots) == self._all_slots:
+            page = SlotPage(page_id, n, (keys, values, expires))
+        else:
+            page = SlotPage(page_id, self.page_size)
+            pk, pv, pe = page.keys, page.values, page.expires
+            for slot, key, held, exp in zip(slots, keys, values, expires):
+                pk[slot] = key
+                pv[slot] = held
+                pe[slot] = exp
+            taken = set(slots)
+            page.free_slots = [s for s in range(self.page_size - 1, -1, -1) if s not in taken]
+        self.table.update(zip(keys, _entries(page, slots, values, expires)))
+        page.used = n
+        page.stored_n = n
+        page.stored_ttl_n = n - expires.count(None)
+        page.nbytes = nbytes
+        self.pages[page_id] = page
+        self.resident_bytes += nbytes
+        self._take_in(page, slots, keys, want, resident, warm_stamp is not None)
+        return page
+
+    def recency(self, pages: list[Page]) -> list[tuple[float, int]]:
+        """``(recency, page id)`` of the pages holding entries in the budget:
+        a page's most recent young entry's stamp; pages with old entries only
+        after every page with a young one, in their old sublist order."""
+        out = []
+        for p in pages:
+            if getattr(p, "live", 0):
+                stamp = max(p.stamps)
+                if not stamp:  # old entries only: below every young one, by FIFO token
+                    stamp = max(t for t, w in zip(p.filed, p.where) if w == OLD) - (1 << 62)
+                out.append((stamp, p.page_id))
+        return out
+
+    def warm_room(self) -> int:
+        """Pages a warm preload may still bring in: while there is room for entries."""
+        return -(-self.room() // self.page_size)
+
+    def warm_entries(self) -> int:
+        return self.room()
+
+    def room(self) -> int:
+        """Entries that can come in without an eviction."""
+        return self.budget - self.young_n - self.old_n
+
+    def _take_in(self, page: SlotPage, slots: Sequence[int], keys: Sequence[Any], want: Any,
+                 resident: bool, warm: bool) -> None:
+        if not resident:
+            for s in slots:
+                page.where[s] = DOOMED
+            if slots:
+                if page.doomed == 0:
+                    self.pending += 1
+                page.doomed += len(slots)
+            return
+        if warm:
+            for s in slots:
+                self._old(page, s, lru_end=True)
+            return
+        self.page_faults += 1
+        wanted = -1
+        if want is not UNLOADED:
+            ref = self.table.get(want)
+            if ref is not None and ref[0] is page:
+                wanted = ref[1]
+                self._young(page, wanted)
+        # the neighbours, at the old sublist's MRU end (_old, written out)
+        where, stamps, filed = page.where, page.stamps, page.filed
+        old, tokens = self.old, self._tokens
+        n = 0
+        for s in slots:
+            if s != wanted:
+                where[s] = OLD
+                stamps[s] = 0
+                filed[s] = tok = next(tokens)
+                old.append((tok, page, s))
+                n += 1
+        if n:
+            self.old_n += n
+            if page.live == 0:
+                self.resident += 1
+            page.live += n
+        self._rebalance()
+
+    def fill(self, page: SlotPage, slots: Sequence[int], keys: list[Any], values: list[Any],
+             expires: list[float | None], *, want: Any = UNLOADED,
+             for_write: bool = False) -> None:
+        """Read ``page``'s unloaded entries back in from its stored copy
+        (``slots``... as :meth:`install`'s, the whole stored page, checked by
+        the caller to agree with the loaded slots).
+
+        :param want: the key whose access faulted (young; the rest old).
+        :param for_write: the page is about to change: the entries come in
+            doomed (outside the budget; they leave at the flush that follows).
+        """
+        pk, pv, pe = page.keys, page.values, page.expires
+        got_slots, got_keys, got_held, got_exp = [], [], [], []
+        for slot, key, held, exp in zip(slots, keys, values, expires):
+            if pk[slot] is UNLOADED:
+                pk[slot] = key
+                pv[slot] = held
+                pe[slot] = exp
+                got_slots.append(slot)
+                got_keys.append(key)
+                got_held.append(held)
+                got_exp.append(exp)
+        page.unloaded -= len(got_slots)
+        self.table.update(zip(got_keys, _entries(page, got_slots, got_held, got_exp)))
+        if for_write:
+            self.reloads += 1
+        self._take_in(page, got_slots, got_keys, want, not for_write, False)
+
+    def settle(self, page: SlotPage) -> None:
+        """After a change that might not have happened: doomed entries of a
+        page that is still clean leave now (its store copy holds them)."""
+        if page.doomed and page.page_id not in self.dirty and self.pages.get(page.page_id) is page:
+            for s, w in enumerate(page.where):
+                if w == DOOMED:
+                    self._undoom(page, s)
+                    self._unload(page, s)
+            self._maybe_drop(page)
+
+    def _take_page(self, nbytes: int) -> Page:
+        """As :meth:`MemoryTier._take_page`. New keys keep filling the open
+        page even when some of its entries have left memory (as the simulator
+        does: a page holds keys set close together in time); its unloaded
+        entries are read back first (:attr:`fill_open`, doomed: outside the
+        budget, they leave at the flush that stores the insert), since a flush
+        writes whole pages."""
+        page = self.open_page
+        if page is not None and page.used < self.page_size \
+                and page.nbytes + nbytes <= self.page_bytes_limit:
+            if page.unloaded:
+                self.fill_open(page)
+            return page
+        taken = super()._take_page(nbytes)
+        if page is not None and page is not taken and self.pages.get(page.page_id) is page:
+            self._maybe_drop(page)  # kept while open, though nothing of it was in memory
+        return taken
+
+    def insert(self, key: Any, held: Any, expire_at: float | None, now: float, lsn: int,
+               nbytes: int) -> Page:
+        page = self._take_page(nbytes)
+        page.nbytes += nbytes
+        self.resident_bytes += nbytes
+        slot = page.free_slots.pop()
+        page.keys[slot] = key
+        page.values[slot] = held
+        page.expires[slot] = expire_at
+        page.used += 1
+        page.keys_version += 1
+        self.table[key] = (page, slot, held if expire_at is None else HAS_TTL)
+        self.mark_dirty(page, now, lsn)
+        self._young(page, slot)
+        self._rebalance()
+        return page
+
+    def insert_many(self, keys: Sequence[Any], held: Sequence[Any],
+                    expires: Sequence[float | None], nbytes: Sequence[int], now: float,
+                    lsn: int, start: int = 0, page_budget: int | None = None) -> int:
+        """As :meth:`MemoryTier.insert_many`, one :meth:`insert` at a time
+        (``page_budget`` counts the pages the inserts start)."""
+        n = len(keys)
+        i = start
+        taken = 0
+        limit = self.page_bytes_limit
+        while i < n:
+            page = self.open_page
+            if page is None or page.used >= self.page_size or \
+                    page.nbytes + nbytes[i] > limit:
+                if page_budget is not None and taken >= page_budget:
+                    break
+                taken += 1
+            self.insert(keys[i], held[i], expires[i], now, lsn, nbytes[i])
+            i += 1
+        return i
+
+    def mark_dirty(self, page: Page, now: float, lsn: int) -> None:
+        if page.unloaded:
+            raise RuntimeError(f"page {page.page_id} changed with {page.unloaded} entries "
+                               "not loaded: read them in first (Cache._whole)")
+        super().mark_dirty(page, now, lsn)
+
+    def update(self, page: Page, slot: int, held: Any, expire_at: float | None,
+               now: float, lsn: int, nbytes: int) -> None:
+        super().update(page, slot, held, expire_at, now, lsn, nbytes)
+        self.resident_bytes += nbytes
+
+    def remove(self, key: Any, now: float, lsn: int) -> tuple[Page, int]:
+        page, slot, _ = self.table[key]
+        w = page.where[slot]
+        if w == YOUNG or w == OLD:
+            self._lose(page, slot)
+        elif w == DOOMED:
+            self._undoom(page, slot)
+        self.mark_dirty(page, now, lsn)  # (raises first if the page is not whole)
+        del self.table[key]
+        page.keys[slot] = EMPTY
+        page.values[slot] = None
+        page.expires[slot] = None
+        page.used -= 1
+        page.keys_version += 1
+        page.free_slots.append(slot)
+        if page.used == 0 and page is not self.open_page:
+            page.state = PENDING  # out of use until the free list gives it out
+            self.pending += 1
+            self.free.append(page.page_id)
+        return page, slot
+
+    def clear(self) -> None:
+        super().clear()
+        self.young.clear()
+        self.old.clear()
+        self.young_n = self.old_n = 0
+
+    def flushed(self, page: Page, version: int, keys_version: int, n: int, ttl_n: int,
+                nbytes: int) -> None:
+        page.stored_n = n
+        page.stored_ttl_n = ttl_n
+        page.stored_keys_version = keys_version
+        page.flight_lsn = None
+        if self.pages.get(page.page_id) is not page:
+            return  # forgotten meanwhile (clear())
+        if page.version != version:
+            self.dirty.pop(page.page_id, None)
+            self.dirty[page.page_id] = page
+            return
+        self.resident_bytes += nbytes - page.nbytes
+        page.nbytes = nbytes
+        self.dirty.pop(page.page_id, None)
+        page.dirty_since = None
+        if page.state == PENDING:
+            self.pending -= 1
+            self.resident_bytes -= page.nbytes
+            self._drop(page)
+            return
+        if page.doomed:
+            for s, w in enumerate(page.where):
+                if w == DOOMED:
+                    self._undoom(page, s)
+                    self._unload(page, s)
+            self._maybe_drop(page)
