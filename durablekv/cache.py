@@ -142,7 +142,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         LRU of pages), ``"tinylfu"`` (W-TinyLFU of pages) or ``"midpoint"``
         (residency per entry inside pages: a young and an old sublist, a page
         fault's neighbours entering at the midpoint, as in InnoDB's buffer
-        pool; not with ``max_memory_bytes``); docs/policy.md. Not stored: a
+        pool; ``max_memory_bytes`` then bounds the bytes of the entries in
+        memory, not of pages); docs/policy.md. Not stored: a
         store may be reopened with any of them.
     :param flush_interval: seconds between write-behind flushes (and log
         fsyncs in ``durability="log"``).
@@ -238,12 +239,6 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self.size_limit = size_limit
         _pgwire.check_store_args(store, namespace, durability)
         self.policy = check_policy(policy)
-        if self.policy == "midpoint" and max_memory_bytes is not None:
-            raise ConfigError(
-                f"max_memory_bytes={max_memory_bytes!r} with policy='midpoint': the byte "
-                "bound is per page and this policy keeps residency per entry; use "
-                "policy='lru' or policy='tinylfu' with max_memory_bytes, or bound "
-                "memory with max_pages alone")
         if type(warm) is not bool:
             raise ConfigError(f"warm={warm!r}: expected True (preload the pages that were "
                               "resident, the default) or False (start with a cold memory tier)")

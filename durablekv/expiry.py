@@ -193,7 +193,8 @@ class Expiry:
                 # Its index rows say otherwise: a disagreement that `durablekv
                 # check` reports; the page stays as it is.
                 return 0
-            self._tier.install(pid, slots, keys, values, expires, len(row[1]), resident=False)
+            self._tier.install(pid, slots, keys, values, expires, len(row[1]), resident=False,
+                               **self._sizes(row))
         for k in doomed:
             self._expire(k)
         return len(doomed)

@@ -15,7 +15,8 @@ from . import codec as _codec
 from .config import _U32_PACK
 from .errors import CorruptStoreError
 from .pages import UNLOADED, Page
-from .stores.pageformat import ASCII_KEYS, INT_KEYS, RAW_BYTES, page_columns, split_page
+from .stores.pageformat import (ASCII_KEYS, INT_KEYS, RAW_BYTES, entry_sizes, page_columns,
+                                split_page)
 from .stores.sqlitefile import mark_damaged
 
 
@@ -74,16 +75,26 @@ class PageFaults:
         return self._tier.table.get(key)
 
     def _fault_in(self, pid: int, row: tuple[int, bytes] | None = None,
-                  want: Any = UNLOADED) -> Page:
+                  want: Any = UNLOADED, for_write: bool = False) -> Page:
         """Read page ``pid`` (or use ``row`` = (n, blob) already read) and make
         it resident (``want``: the key whose access faulted, for
-        ``policy="midpoint"``, which makes that entry young and the rest old)."""
+        ``policy="midpoint"``, which makes that entry young and the rest old;
+        ``for_write``: under ``"midpoint"``, take the entries in doomed, for a
+        caller that changes the page at once, so none can leave memory
+        before the change makes the page dirty: see
+        :meth:`~durablekv.midpoint.MidpointTier.settle` if it does not)."""
         if row is None:
             row = self._store.read_page(pid)
         slots, keys, values, expires = self._decode_page(pid, row)
-        if want is UNLOADED or self.policy != "midpoint":
+        if not self._tier.per_entry:
             return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
-        return self._tier.install(pid, slots, keys, values, expires, len(row[1]), want=want)
+        return self._tier.install(pid, slots, keys, values, expires, len(row[1]), want=want,
+                                  resident=not for_write, sizes=entry_sizes(row[1]))
+
+    def _sizes(self, row: tuple[int, bytes]) -> dict[str, Any]:
+        """``install``'s ``sizes=`` for a tier that keeps entry sizes
+        (``policy="midpoint"``), from a stored page already decoded."""
+        return {"sizes": entry_sizes(row[1])} if self._tier.per_entry else {}
 
     def _fill(self, page: Page, row: tuple[int, bytes] | None = None, *,
               want: Any = UNLOADED, for_write: bool = False) -> None:
@@ -97,7 +108,8 @@ class PageFaults:
         if row is None:
             row = self._store.read_page(page.page_id)
         slots, keys, values, expires = self._decode_page(page.page_id, row, partial=page)
-        self._tier.fill(page, slots, keys, values, expires, want=want, for_write=for_write)
+        self._tier.fill(page, slots, keys, values, expires, want=want, for_write=for_write,
+                        sizes=entry_sizes(row[1]))
 
     def _whole(self, page: Page) -> None:
         """Before ``page`` changes: read its unloaded entries in (they come in

@@ -41,7 +41,7 @@ class Introspection:
                 expirations=self._expirations, pending_pages=tier.pending,
                 dirty_pages=len(dirty), resident_pages=tier.resident, max_pages=tier.max_pages,
                 page_size=tier.page_size, oldest_unflushed_seconds=oldest,
-                memory_bytes=tier.resident_bytes, max_memory_bytes=tier.max_bytes,
+                memory_bytes=tier.memory_bytes, max_memory_bytes=tier.max_bytes,
                 size_limit=self.size_limit, policy=self.policy,
                 store_evictions=self._store_evictions,
                 store_data_bytes=self._store.data_bytes if self._store is not None else 0,

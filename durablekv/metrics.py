@@ -165,9 +165,9 @@ _HITS = _Family(
 
 _EVICTIONS = _Family(
     "durablekv_evictions", "counter",
-    'Pages evicted, by tier: "memory" (left the memory tier by its policy, for '
-    'max_pages or max_memory_bytes) or "store" (deleted from the store for size_limit), '
-    "since open.",
+    'Pages evicted (entries, for tier "memory" under policy "midpoint"), by tier: '
+    '"memory" (left the memory tier by its policy, for max_pages or max_memory_bytes) '
+    'or "store" (deleted from the store for size_limit), since open.',
     {"memory": "evictions", "store": "store_evictions"},
 )
 

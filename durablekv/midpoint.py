@@ -74,9 +74,11 @@ class SlotPage(Page):
         or the token of its old sublist entry.
     :ivar live: slots young or old (counted against the budget).
     :ivar doomed: slots ``DOOMED``.
+    :ivar sizes: per slot, the entry's bytes: encoded key + value at set
+        time, the stored key + value after a page fault.
     """
 
-    __slots__ = ("stamps", "where", "filed", "live", "doomed")
+    __slots__ = ("stamps", "where", "filed", "live", "doomed", "sizes")
 
     def __init__(self, page_id: int, page_size: int, full: tuple[list[Any], list[Any],
                  list[float | None]] | None = None) -> None:
@@ -88,6 +90,7 @@ class SlotPage(Page):
         self.filed = [0] * n
         self.live = 0
         self.doomed = 0
+        self.sizes = [0] * n  # per slot: the entry's bytes (key + value), see MidpointTier
 
     def __repr__(self) -> str:
         return (f"<SlotPage {self.page_id} {self.used}/{len(self.keys)} live {self.live} "
@@ -99,10 +102,10 @@ class MidpointTier(MemoryTier):
 
     :param page_size: slots per page (>= 1).
     :param max_pages: the budget is ``max_pages * page_size`` entries.
-    :raises durablekv.errors.ConfigError: ``max_bytes`` given (a byte bound
-        is per page; under this policy residency is per entry, and entry
-        sizes are not kept: use ``policy="lru"`` or ``"tinylfu"`` with
-        ``max_memory_bytes``).
+    :param max_bytes: also at most this many bytes of entries (``sizes``)
+        young or old, the cache's ``max_memory_bytes``; None: no byte bound.
+        After every call the live entries' bytes are at most ``max_bytes``,
+        or exactly one entry is live (one entry bigger than the bound).
 
     Counters, as :class:`~durablekv.pages.MemoryTier`'s, but per entry:
     ``evictions`` counts entries chosen to leave memory, ``resident`` the
@@ -114,15 +117,18 @@ class MidpointTier(MemoryTier):
     the stored size of every page in memory, an upper bound for partial ones.
     """
 
+    #: Install and fill take each entry's bytes (``sizes=``, from
+    #: :func:`~durablekv.stores.pageformat.entry_sizes`).
+    per_entry = True
+
     def __init__(self, page_size: int, max_pages: int, max_bytes: int | None = None) -> None:
-        if max_bytes is not None:
-            from .errors import ConfigError
-            raise ConfigError(
-                f"max_memory_bytes={max_bytes!r} with policy='midpoint': the byte bound "
-                "is per page and this policy's residency is per entry; use "
-                "policy='lru' or policy='tinylfu' with max_memory_bytes, or bound "
-                "memory with max_pages")
         super().__init__(page_size, max_pages)
+        # (MemoryTier's byte bound is per page: its paths that evict pages
+        # for bytes are not used here; _rebalance evicts entries for bytes)
+        self.max_bytes = max_bytes
+        if max_bytes is not None:
+            self.page_bytes_limit = min(self.page_bytes_limit, max_bytes)
+        self.live_bytes = 0  # bytes of the young and old entries
         self.policy_name = "midpoint"
         self._new_page = SlotPage
         self.budget = max_pages * page_size
@@ -154,6 +160,7 @@ class MidpointTier(MemoryTier):
         page.stamps[slot] = page.filed[slot] = stamp
         heappush(self.young, (stamp, page, slot))
         self.young_n += 1
+        self.live_bytes += page.sizes[slot]
         self._gain(page)
 
     def _old(self, page: SlotPage, slot: int, lru_end: bool = False) -> None:
@@ -169,6 +176,7 @@ class MidpointTier(MemoryTier):
             page.filed[slot] = tok = next(self._tokens)
             self.old.append((tok, page, slot))
         self.old_n += 1
+        self.live_bytes += page.sizes[slot]
         self._gain(page)
 
     def _gain(self, page: SlotPage) -> None:
@@ -182,6 +190,7 @@ class MidpointTier(MemoryTier):
             self.young_n -= 1
         else:
             self.old_n -= 1
+        self.live_bytes -= page.sizes[slot]
         page.where[slot] = OUT
         page.stamps[slot] = 0
         page.live -= 1
@@ -234,10 +243,13 @@ class MidpointTier(MemoryTier):
             self.young_n -= n
             self.old_n += n
         excess = self.young_n + self.old_n - self.budget
-        if excess > 0:
+        max_bytes = self.max_bytes
+        if excess > 0 or max_bytes is not None and self.live_bytes > max_bytes:
             old, dirty, table = self.old, self.dirty, self.table
             popleft = old.popleft
-            while excess > 0:
+            if max_bytes is None:
+                max_bytes = 1 << 62
+            while excess > 0 or self.live_bytes > max_bytes and self.young_n + self.old_n > 1:
                 if self.old_n:
                     tok, page, slot = popleft()
                     if page.where[slot] != OLD or page.filed[slot] != tok:
@@ -247,6 +259,7 @@ class MidpointTier(MemoryTier):
                         # a lock-free hit raced its move to the old sublist:
                         # that hit counts, so the entry is young again
                         self.old_n -= 1
+                        self.live_bytes -= page.sizes[slot]
                         page.live -= 1
                         self._young(page, slot, stamp)
                         if page.live == 1:
@@ -260,6 +273,7 @@ class MidpointTier(MemoryTier):
                     page.stamps[slot] = 0
                     self.young_n -= 1
                 excess -= 1
+                self.live_bytes -= page.sizes[slot]
                 page.live -= 1
                 if page.live == 0:
                     self.resident -= 1
@@ -363,10 +377,15 @@ class MidpointTier(MemoryTier):
             page.state = SLOTTED
 
     def over(self) -> bool:
-        return self.young_n + self.old_n > self.budget
+        n = self.young_n + self.old_n
+        return n > self.budget or (self.max_bytes is not None and self.live_bytes > self.max_bytes
+                                   and n > 1)
 
     def shrink(self, keep: Page | None = None) -> None:
-        return None  # no byte bound under this policy (see __init__)
+        """Evict entries down to both bounds (an entry's size does not change
+        at a flush here: sizes are kept per entry, not read off the blob)."""
+        if self.over():
+            self._rebalance()
 
     def lru_order(self) -> list[Page]:
         """Pages holding entries in the budget, least recently used first by
@@ -376,12 +395,15 @@ class MidpointTier(MemoryTier):
 
     def install(self, page_id: int, slots: Sequence[int], keys: list[Any], values: list[Any],
                 expires: list[float | None], nbytes: int = 0, *, resident: bool = True,
-                warm_stamp: float | None = None, want: Any = UNLOADED) -> Page:
+                warm_stamp: float | None = None, want: Any = UNLOADED,
+                sizes: Sequence[int] | None = None) -> Page:
         """As :meth:`MemoryTier.install`, per entry: a page fault puts the
         entry of key ``want`` young and the others old (the midpoint); a
         warm preload (``warm_stamp``) puts every entry old, evicting nothing
-        (the caller checks :meth:`room`); ``resident=False`` takes them in
-        doomed (the caller dirties the page at once)."""
+        (the caller checks :meth:`warm_fits`); ``resident=False`` takes them in
+        doomed (the caller dirties the page at once). ``sizes``: each entry's
+        bytes, in ``slots`` order (:func:`~durablekv.stores.pageformat.entry_sizes`
+        of the blob); required."""
         n = len(keys)
         if n == self.page_size and list(slots) == self._all_slots:
             page = SlotPage(page_id, n, (keys, values, expires))
@@ -395,6 +417,11 @@ class MidpointTier(MemoryTier):
             taken = set(slots)
             page.free_slots = [s for s in range(self.page_size - 1, -1, -1) if s not in taken]
         self.table.update(zip(keys, _entries(page, slots, values, expires)))
+        if sizes is None:
+            raise TypeError("MidpointTier.install needs each entry's bytes (sizes=)")
+        ps = page.sizes
+        for slot, size in zip(slots, sizes):
+            ps[slot] = size
         page.used = n
         page.stored_n = n
         page.stored_ttl_n = n - expires.count(None)
@@ -421,8 +448,18 @@ class MidpointTier(MemoryTier):
         """Pages a warm preload may still bring in: while there is room for entries."""
         return -(-self.room() // self.page_size)
 
-    def warm_entries(self) -> int:
-        return self.room()
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the entries in the budget (young and old), bounded by
+        ``max_bytes``; doomed entries wait for their page's flush, as pending
+        pages do under ``lru``."""
+        return self.live_bytes
+
+    def warm_fits(self, n: int, nbytes: int) -> bool:
+        """Whether a warm preload may bring in a stored page of ``n`` entries
+        of ``nbytes`` bytes (their sizes) without evicting."""
+        return n <= self.room() and (self.max_bytes is None
+                                     or self.live_bytes + nbytes <= self.max_bytes)
 
     def room(self) -> int:
         """Entries that can come in without an eviction."""
@@ -450,9 +487,9 @@ class MidpointTier(MemoryTier):
                 wanted = ref[1]
                 self._young(page, wanted)
         # the neighbours, at the old sublist's MRU end (_old, written out)
-        where, stamps, filed = page.where, page.stamps, page.filed
+        where, stamps, filed, sizes = page.where, page.stamps, page.filed, page.sizes
         old, tokens = self.old, self._tokens
-        n = 0
+        n = nbytes = 0
         for s in slots:
             if s != wanted:
                 where[s] = OLD
@@ -460,6 +497,8 @@ class MidpointTier(MemoryTier):
                 filed[s] = tok = next(tokens)
                 old.append((tok, page, s))
                 n += 1
+                nbytes += sizes[s]
+        self.live_bytes += nbytes
         if n:
             self.old_n += n
             if page.live == 0:
@@ -469,7 +508,7 @@ class MidpointTier(MemoryTier):
 
     def fill(self, page: SlotPage, slots: Sequence[int], keys: list[Any], values: list[Any],
              expires: list[float | None], *, want: Any = UNLOADED,
-             for_write: bool = False) -> None:
+             for_write: bool = False, sizes: Sequence[int] = ()) -> None:
         """Read ``page``'s unloaded entries back in from its stored copy
         (``slots``... as :meth:`install`'s, the whole stored page, checked by
         the caller to agree with the loaded slots).
@@ -478,10 +517,11 @@ class MidpointTier(MemoryTier):
         :param for_write: the page is about to change: the entries come in
             doomed (outside the budget; they leave at the flush that follows).
         """
-        pk, pv, pe = page.keys, page.values, page.expires
+        pk, pv, pe, ps = page.keys, page.values, page.expires, page.sizes
         got_slots, got_keys, got_held, got_exp = [], [], [], []
-        for slot, key, held, exp in zip(slots, keys, values, expires):
+        for slot, key, held, exp, size in zip(slots, keys, values, expires, sizes):
             if pk[slot] is UNLOADED:
+                ps[slot] = size
                 pk[slot] = key
                 pv[slot] = held
                 pe[slot] = exp
@@ -532,6 +572,7 @@ class MidpointTier(MemoryTier):
         page.keys[slot] = key
         page.values[slot] = held
         page.expires[slot] = expire_at
+        page.sizes[slot] = nbytes
         page.used += 1
         page.keys_version += 1
         self.table[key] = (page, slot, held if expire_at is None else HAS_TTL)
@@ -570,6 +611,17 @@ class MidpointTier(MemoryTier):
                now: float, lsn: int, nbytes: int) -> None:
         super().update(page, slot, held, expire_at, now, lsn, nbytes)
         self.resident_bytes += nbytes
+        where = page.where[slot]
+        if where == YOUNG or where == OLD:
+            self.live_bytes += nbytes - page.sizes[slot]
+        page.sizes[slot] = nbytes
+        if self.max_bytes is not None and self.live_bytes > self.max_bytes:
+            # the entry just written is the last to go: young MRU first
+            # (the caller's hit() then finds it young)
+            if where == YOUNG or where == OLD:
+                self._lose(page, slot)
+                self._young(page, slot)
+            self._rebalance()
 
     def remove(self, key: Any, now: float, lsn: int) -> tuple[Page, int]:
         page, slot, _ = self.table[key]
@@ -597,6 +649,7 @@ class MidpointTier(MemoryTier):
         self.young.clear()
         self.old.clear()
         self.young_n = self.old_n = 0
+        self.live_bytes = 0
 
     def flushed(self, page: Page, version: int, keys_version: int, n: int, ttl_n: int,
                 nbytes: int) -> None:

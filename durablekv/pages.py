@@ -254,6 +254,15 @@ class MemoryTier:
         page.stamp = next(self.ticks)
         self.locked_ticks += 1
 
+    #: Whether install() takes per-entry sizes (``sizes=``); see
+    #: :class:`durablekv.midpoint.MidpointTier`.
+    per_entry = False
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the tier counts against ``max_bytes`` now (``stats().memory_bytes``)."""
+        return self.resident_bytes
+
     def recency(self, pages: list[Page]) -> list[tuple[float, int]]:
         """``(recency stamp, page id)`` of the resident pages among ``pages``
         (for ``resident.list``; stamps move lock-free, so the caller sorts)."""
@@ -263,9 +272,10 @@ class MemoryTier:
         """Pages a warm preload may still bring in without evicting."""
         return self.max_pages - self.resident
 
-    def warm_entries(self) -> int:
-        """Entries a warm preload may still bring in (no bound in entries here)."""
-        return self.page_size
+    def warm_fits(self, n: int, nbytes: int) -> bool:
+        """Whether a warm preload may bring in a stored page of ``n`` entries
+        and ``nbytes`` bytes without evicting (``max_bytes``)."""
+        return self.max_bytes is None or self.resident_bytes + nbytes <= self.max_bytes
 
     def hit(self, page: Page, slot: int) -> bool:
         """An access to ``slot`` of ``page`` (in the page table), lock held.
@@ -680,8 +690,7 @@ def make_tier(page_size: int, max_pages: int, policy: str = "lru",
     ``"tinylfu"``) or a :class:`durablekv.midpoint.MidpointTier`
     (``"midpoint"``, residency per entry).
 
-    :raises durablekv.errors.ConfigError: an unknown policy, or
-        ``max_bytes`` with ``"midpoint"``.
+    :raises durablekv.errors.ConfigError: an unknown policy.
     """
     if check_policy(policy) == "midpoint":
         from .midpoint import MidpointTier

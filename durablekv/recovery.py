@@ -221,11 +221,14 @@ class Recovery:
             for pid in chunk:
                 if tier.pending >= self.max_pending_pages:
                     self._backpressure()
-                page = tier.pages.get(pid)
-                if page is None:  # (a page in memory is authoritative)
-                    self._fault_in(pid, rows.get(pid))
-                elif page.unloaded:  # (policy="midpoint": but maybe not whole)
-                    self._whole(page)
+                target = tier.pages.get(pid)
+                if target is None:  # (a page in memory is authoritative)
+                    # (policy="midpoint": taken in for the changes below,
+                    # outside the budget, so that no entry of it leaves
+                    # memory before the first change dirties it)
+                    target = self._fault_in(pid, rows.get(pid), for_write=True)
+                elif target.unloaded:  # (policy="midpoint": but maybe not whole)
+                    self._whole(target)
                 for i in by_page[pid]:
                     key = keys[i]
                     ref = table.get(key)
@@ -253,6 +256,8 @@ class Recovery:
                     self._count -= 1
                     if old is not None:
                         self._ttl_count -= 1
+                if tier.per_entry:
+                    tier.settle(target)  # (nothing changed it: what came in for it leaves)
 
     def _insert_new_keys(self, recs: list[tuple], keys: list[Any], lsn: int,
                          now: float) -> None:

@@ -312,14 +312,11 @@ class WarmRestart:
                         row = rows.get(pid)
                         if row is None:
                             continue  # gone from the store (deleted, or not this store's)
-                        if (tier.max_bytes is not None
-                                and tier.resident_bytes + len(row[1]) > tier.max_bytes):
-                            return  # max_memory_bytes: the preload never evicts either
-                        if row[0] > tier.warm_entries():
-                            return  # (policy="midpoint": room in entries, not pages)
+                        if not tier.warm_fits(row[0], len(row[1])):
+                            return  # max_memory_bytes (or "midpoint"'s entries): never evicts
                         slots, keys, values, expires = self._decode_page(pid, row)
                         tier.install(pid, slots, keys, values, expires, len(row[1]),
-                                     warm_stamp=stamp)
+                                     warm_stamp=stamp, **self._sizes(row))
                         self._warmed_pages += 1
                 except CorruptStoreError as exc:
                     # marked damaged (_decode_page or the store); a get of that

@@ -38,7 +38,7 @@ from typing import Any, Iterator, Sequence
 
 from .._accel import native as _native
 
-__all__ = ["encode_page", "encode_columns", "decode_page", "split_page", "page_layout",
+__all__ = ["encode_page", "encode_columns", "decode_page", "split_page", "page_layout", "entry_sizes",
            "page_columns", "page_crc", "ASCII_KEYS", "RAW_BYTES", "NO_TTL", "INT_KEYS",
            "PAGE_SIZE_MAX"]
 
@@ -174,6 +174,19 @@ def split_page(data: bytes) -> tuple[Sequence[int], list[float | None], list[byt
     if flags & RAW_BYTES:
         vbs = [b"b" + _U32.pack(len(vb)) + vb for vb in vbs]
     return slots, exps, kbs, vbs
+
+
+def entry_sizes(data: bytes) -> list[int]:
+    """The stored size in bytes (key + value, as the blob holds them) of each
+    entry of a page blob of either version, in the blob's order (that of
+    :func:`split_page`'s slots).
+
+    :raises ValueError: the blob is damaged.
+    """
+    if data[:2] != b"\xff\xff":
+        return [len(e[1]) + len(e[2]) for e in _decode_v1(data)]
+    _slots, _exps, _flags, klens, vlens, _start = _page_header(data)
+    return [a + b for a, b in zip(klens, vlens)]
 
 
 def page_layout(data: bytes) -> tuple[Sequence[int], list[float | None], int, list[int],
