@@ -282,14 +282,12 @@ def counted_page_class(page_cls: type, weighted: bool = False) -> type:
                 put_nb(self, 0)
                 super().__init__(page_id, page_size, full, sketch=sketch)
 
-            @property
-            def nbytes(self) -> int:
-                return get_nb(self)
-
-            @nbytes.setter
-            def nbytes(self, n: int) -> None:
+            def _set_nbytes(self, n: int) -> None:
                 self.weights[self.seg] += n - get_nb(self)
                 put_nb(self, n)
+
+            # the slot's own getter, no Python frame: a read costs about what it did
+            nbytes = property(get_nb, _set_nbytes)
 
         cls = WeightedPage
     cls.__qualname__ = cls.__name__ = f"{'Weighted' if weighted else 'Counted'}{page_cls.__name__}"
