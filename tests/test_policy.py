@@ -299,3 +299,26 @@ def test_a_byte_bound_far_below_max_pages_keeps_the_hot_pages_under_tinylfu(tmp_
     assert ratio["lru"] < 0.02
     assert ratio["tinylfu"] > 0.14, ratio
     assert kept == {"lru": 0, "tinylfu": 20}
+
+
+def test_under_a_byte_bound_the_climber_moves_a_byte_split():
+    """The recency workload above, weighed: 100 pages of 10 bytes fit in the
+    bytes, 10,000 in pages. The window must grow to 10 pages' bytes (10% of
+    the bound) to catch the second uses, and the climber's caps are bytes,
+    with the same share of max_pages."""
+    t = MemoryTier(page_size=1, max_pages=10_000, policy="tinylfu", max_bytes=1000)
+    p = t.policy
+    assert (p.window_cap, p.window_pages) == (10, 100)      # 1% of each
+    for j in range(40_000):
+        access(t, j)
+        access(t, j - 10)
+        if j % 50 == 0:
+            flush_all(t)
+        assert t.resident_bytes <= 1000
+    assert p.climber.adjustments > 20
+    assert p.window_cap >= 100
+    assert (p.window_cap, p.protected_cap) == p.climber.caps()
+    assert p.window_pages == p.window_cap * 10_000 // 1000
+    assert p.weights[2] <= p.protected_cap
+    assert t.resident <= 100
+    check_table(t)
