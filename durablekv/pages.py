@@ -245,7 +245,12 @@ class MemoryTier:
         self._new_page: Any = Page
         if policy == "tinylfu":
             self.policy = TinyLFU(self)
-            self._new_page = partial(counted_page_class(Page), sketch=self.policy.sketch)
+            if max_bytes is None:
+                self._new_page = partial(counted_page_class(Page), sketch=self.policy.sketch)
+            else:   # segments weighed in bytes: pages report their nbytes changes
+                self._new_page = partial(counted_page_class(Page, weighted=True),
+                                         sketch=self.policy.sketch,
+                                         weights=self.policy.weights)
 
     # -- residency -------------------------------------------------------------
 

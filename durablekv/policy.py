@@ -25,6 +25,18 @@ Efficient Cache Admission Policy", ACM TOS 2017):
   main, the other leaves memory. Ties go to the victim (Caffeine's rule: an
   incumbent is kept unless the candidate is strictly more frequent).
 
+With a byte bound (the tier's ``max_bytes``, ``Cache(max_memory_bytes=)``)
+the segments are weighed in bytes, as Caffeine weighs entries with a
+weigher: the window and protected caps are bytes of ``max_bytes`` (the
+climber steps by 6.25% of it, every 10 accesses per page of the most pages
+resident so far, which also sets the sketch's aging sample), each segment
+keeps its pages' byte total exact (a page's ``nbytes`` store updates it:
+sets grow a resident page, a flush or a fault sets its exact size), and
+when the tier is over a bound the window's overflow duels probation's LRU
+pages until it fits. The same proportions of ``max_pages`` also cap the
+segments, so a byte bound looser than the page bound leaves the page
+split in charge. Without a byte bound everything is counted in pages.
+
 At page granularity (the memory tier) the unit of residency is the page, so
 the items are pages and the sketch counts *accesses per page* (keyed by page
 id): every get, set or insert that touches a page counts once for it. A page
@@ -150,19 +162,22 @@ class WindowClimber:
     """The window's size, tuned by hill climbing on the hit ratio (Caffeine's
     simple climber): see the module docstring.
 
-    :param capacity: items the cache holds (>= 1).
+    :param capacity: items the cache holds (>= 1), or bytes for a weighted
+        cache (the window and its steps are then bytes).
+    :param period: accesses per sample (default ``10 * capacity``; a weighted
+        cache passes its own and moves it as the pages it holds grow).
     """
 
     STEP = 0.0625        # of the capacity
     DECAY = 0.98
     RESTART = 0.05       # a hit-ratio change this big restarts the step
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, period: int | None = None) -> None:
         self.capacity = capacity
         self.window = float(window_split(capacity)[0])
         self.initial_step = self.STEP * capacity
         self.step = self.initial_step
-        self.period = 10 * capacity
+        self.period = 10 * capacity if period is None else period
         self.previous = 0.0
         self.base_accesses = self.base_misses = 0
         self.adjustments = 0
@@ -194,6 +209,10 @@ class WindowClimber:
 
 
 WINDOW, PROBATION, PROTECTED = 0, 1, 2
+#: ``page.seg`` of a page in no segment (not resident, or a candidate being
+#: weighed in :meth:`TinyLFU._evict_weighted`); its byte changes land in the
+#: fourth item of :attr:`TinyLFU.weights`, which nothing reads.
+NONE = 3
 
 
 class _NoCount:
@@ -206,7 +225,7 @@ class _NoCount:
 _NO_COUNT = _NoCount()
 
 
-def counted_page_class(page_cls: type) -> type:
+def counted_page_class(page_cls: type, weighted: bool = False) -> type:
     """A subclass of the memory tier's page class whose ``stamp`` store also
     counts the access in the page's frequency sketch.
 
@@ -214,6 +233,15 @@ def counted_page_class(page_cls: type) -> type:
     ``"tinylfu"`` that store becomes this property, so every get, set and
     insert is counted without a line of the cache changing, and under
     ``"lru"`` (plain pages) a memory hit stays one attribute store.
+
+    :param weighted: also make ``nbytes`` a property whose store adds the
+        change to the byte total of the page's segment (``weights[page.seg]``,
+        the :attr:`TinyLFU.weights` list the page is built with), so that
+        every writer of ``nbytes`` (insert, overwrite, the cache's inlined
+        overwrite, a flush's exact size) keeps the segments' byte totals
+        exact without knowing about them. Only with a byte bound: a memory
+        hit does not store ``nbytes``, and without one sets stay a plain
+        store.
     """
     slot = page_cls.__dict__["stamp"]
     get, put = slot.__get__, slot.__set__
@@ -224,7 +252,7 @@ def counted_page_class(page_cls: type) -> type:
         def __init__(self, page_id: int, page_size: int, full: Any = None, *,
                      sketch: FrequencySketch) -> None:
             self.sketch = _NO_COUNT   # building a page is not an access
-            self.seg = WINDOW
+            self.seg = NONE
             super().__init__(page_id, page_size, full)
             self.sketch = sketch
 
@@ -240,8 +268,30 @@ def counted_page_class(page_cls: type) -> type:
         def set_stamp_uncounted(self, tick: int) -> None:
             put(self, tick)
 
-    CountedPage.__qualname__ = CountedPage.__name__ = f"Counted{page_cls.__name__}"
-    return CountedPage
+    cls: type = CountedPage
+    if weighted:
+        nb = page_cls.__dict__["nbytes"]
+        get_nb, put_nb = nb.__get__, nb.__set__
+
+        class WeightedPage(CountedPage):
+            __slots__ = ("weights",)
+
+            def __init__(self, page_id: int, page_size: int, full: Any = None, *,
+                         sketch: FrequencySketch, weights: list[int]) -> None:
+                self.weights = weights
+                put_nb(self, 0)
+                super().__init__(page_id, page_size, full, sketch=sketch)
+
+            def _set_nbytes(self, n: int) -> None:
+                self.weights[self.seg] += n - get_nb(self)
+                put_nb(self, n)
+
+            # the slot's own getter, no Python frame: a read costs about what it did
+            nbytes = property(get_nb, _set_nbytes)
+
+        cls = WeightedPage
+    cls.__qualname__ = cls.__name__ = f"{'Weighted' if weighted else 'Counted'}{page_cls.__name__}"
+    return cls
 
 
 class TinyLFU:
@@ -255,31 +305,71 @@ class TinyLFU:
     victim, so a lock-free hit stays a store). Protected's overflow goes to
     probation's MRU end under a fresh tick.
 
+    With a byte bound (``tier.max_bytes`` set) the segments are *weighted*,
+    as Caffeine's are with a weigher: ``weights`` holds each segment's bytes
+    (``page.nbytes`` summed, kept exact by the pages themselves, see
+    :func:`counted_page_class`), the window and protected caps are bytes of
+    ``max_bytes`` (the climber moves a byte split) and, in the same
+    proportions, pages of ``max_pages`` (a segment is over when it passes
+    either, so a loose byte bound leaves the page split in charge), and
+    eviction is :meth:`_evict_weighted`: the window's overflow becomes
+    candidates that duel probation's LRU pages for as long as the tier is
+    over a bound. Without one, everything is counted in pages as before.
+
     The tier keeps counting ``resident``; this object keeps the segments and
     calls ``tier._evict(page)`` for every page it chooses to leave. The page
-    being admitted is the window's MRU and is never the one that leaves, so
-    a caller can use a page right after ``make_resident``.
+    being admitted is never the one that leaves, so a caller can use a page
+    right after ``make_resident``.
 
     :param tier: the :class:`~durablekv.pages.MemoryTier` (reads ``max_pages``,
-        ``ticks``, ``resident``; calls ``_evict``).
+        ``max_bytes``, ``ticks``, ``resident``; calls ``_evict``).
     """
 
     def __init__(self, tier: Any) -> None:
         self.tier = tier
-        self.climber = WindowClimber(tier.max_pages)
-        self.window_cap, self.protected_cap = self.climber.caps()
+        self.weighted = tier.max_bytes is not None
         self.heaps: tuple[list, list, list] = ([], [], [])
         self.sizes = [0, 0, 0]
+        #: bytes per segment (window, probation, protected; the fourth item
+        #: takes the changes of pages in no segment): exact when weighted
+        self.weights = [0, 0, 0, 0]
         self.sketch = FrequencySketch(tier.max_pages)
         self.misses = 0     # admissions (new or faulted pages)
-        self.admitted = 0   # candidates that won against a victim
+        self.admitted = 0   # duels a candidate won (its victim left memory)
         self.rejected = 0   # candidates that lost (left memory from the window)
+        if self.weighted:
+            # Caffeine sizes a weighted cache's sketch, and so its aging
+            # sample and the climber's period, by the entries it holds: here
+            # 10 accesses per page of the most pages resident so far (the
+            # sketch's width stays sized for max_pages).
+            self.most_resident = 1
+            self.sketch.sample = 10
+            self.climber = WindowClimber(tier.max_bytes, period=10)
+            self._set_caps()
+        else:
+            self.climber = WindowClimber(tier.max_pages)
+            self.window_cap, self.protected_cap = self.climber.caps()
+
+    def _set_caps(self) -> None:
+        """Caps from the climber: bytes, and pages in the same proportion."""
+        self.window_cap, self.protected_cap = self.climber.caps()
+        max_pages, max_bytes = self.tier.max_pages, self.tier.max_bytes
+        self.window_pages = max(1, self.window_cap * max_pages // max_bytes)
+        self.protected_pages = ((max_pages - self.window_pages) * 4) // 5
 
     def _file(self, page: Any, seg: int, stamp: int) -> None:
         page.seg = seg
         page.heap_stamp = stamp
         heappush(self.heaps[seg], (stamp, page))
         self.sizes[seg] += 1
+        self.weights[seg] += page.nbytes
+
+    def _unfile(self, page: Any) -> None:
+        """Count ``page`` out of its segment (its heap entry goes stale)."""
+        seg = page.seg
+        self.sizes[seg] -= 1
+        self.weights[seg] -= page.nbytes
+        page.seg = NONE
 
     def _peek(self, seg: int) -> Any:
         """The LRU page of segment ``seg`` (left in place), or None if it is empty."""
@@ -294,7 +384,7 @@ class TinyLFU:
                 return page
             if seg == PROBATION:
                 heappop(heap)   # hit while in probation: promote
-                self.sizes[PROBATION] -= 1
+                self._unfile(page)
                 self._file(page, PROTECTED, stamp)
                 self._demote()
             else:
@@ -306,13 +396,21 @@ class TinyLFU:
         page = self._peek(seg)
         if page is not None:
             heappop(self.heaps[seg])
-            self.sizes[seg] -= 1
+            self._unfile(page)
             page.heap_stamp = -1
         return page
 
+    def _protected_over(self) -> bool:
+        if self.weighted:
+            return (self.weights[PROTECTED] > self.protected_cap
+                    or self.sizes[PROTECTED] > self.protected_pages)
+        return self.sizes[PROTECTED] > self.protected_cap
+
     def _demote(self) -> None:
-        while self.sizes[PROTECTED] > self.protected_cap:
+        while self._protected_over():
             page = self._take(PROTECTED)
+            if page is None:
+                break
             tick = next(self.tier.ticks)
             self.tier.locked_ticks += 1
             page.set_stamp_uncounted(tick)
@@ -329,6 +427,14 @@ class TinyLFU:
         tier = self.tier
         sketch = self.sketch
         self.misses += 1
+        if self.weighted:
+            if tier.resident > self.most_resident:
+                self.most_resident = tier.resident
+                sketch.sample = self.climber.period = 10 * tier.resident
+            if self.climber.observe(sketch.total, self.misses):
+                self._set_caps()
+            self._evict_weighted(page)
+            return
         if self.climber.observe(sketch.total, self.misses):
             self.window_cap, self.protected_cap = self.climber.caps()
             self._demote()
@@ -354,9 +460,74 @@ class TinyLFU:
                 self.rejected += 1
         # only the window can overfill the page bound; the byte bound
         # (tier.max_bytes) can be passed by a big page coming in
-        self.shrink(page)
+        self._shrink_lru(page)
+
+    def _evict_weighted(self, keep: Any) -> None:
+        """Caffeine's ``evictEntries`` for weighted segments: demote
+        protected's overflow; if the tier is over a bound, take the window's
+        LRU pages (never ``keep``) as candidates while the window is over
+        its caps; then, while the tier is still over, the oldest candidate
+        duels probation's LRU page (protected's when probation is empty; never
+        ``keep``) by sketch frequency and the loser leaves memory (on a tie,
+        with no victim, or when the candidate alone passes ``max_bytes``,
+        the candidate leaves; a winner duels the next victim). Candidates
+        left go to probation; if the tier is still over, pages leave by
+        :meth:`_shrink_lru`."""
+        tier = self.tier
+        sketch = self.sketch
+        weights, sizes = self.weights, self.sizes
+        self._demote()
+        if not tier.over():
+            # A page comes in empty and fills with the inserts that follow,
+            # so the window's overflow waits there until the bytes are over;
+            # moving it to probation now would skip its duel.
+            return
+        cands = []
+        while weights[WINDOW] > self.window_cap or sizes[WINDOW] > self.window_pages:
+            cand = self._take(WINDOW)
+            if cand is None:
+                break
+            if cand is keep:
+                self._file(keep, WINDOW, keep.stamp)   # nothing older left in the window
+                break
+            cands.append(cand)
+        i = 0
+        held = None     # the segment keep was taken out of, while it was a victim
+        while i < len(cands) and tier.over():
+            cand = cands[i]
+            for seg in (PROBATION, PROTECTED):
+                victim = self._peek(seg)
+                if victim is not None and victim is keep:
+                    self._take(seg)
+                    held = seg
+                    victim = self._peek(seg)
+                if victim is not None:
+                    break
+            if (victim is None or cand.nbytes > tier.max_bytes
+                    or sketch.frequency(cand.page_id) <= sketch.frequency(victim.page_id)):
+                self._leave(cand)
+                self.rejected += 1
+                i += 1
+            else:
+                self._take(seg)
+                self._leave(victim)
+                self.admitted += 1
+        for cand in cands[i:]:
+            self._file(cand, PROBATION, cand.stamp)
+        if held is not None:
+            self._file(keep, held, keep.stamp)
+        self._shrink_lru(keep)
 
     def shrink(self, keep: Any = None) -> None:
+        """Evict while the tier is over a bound (``keep`` never: the page a
+        caller uses). Weighted: :meth:`_evict_weighted` (a set that grows a
+        page can take the window past its cap); else :meth:`_shrink_lru`."""
+        if self.weighted:
+            self._evict_weighted(keep)
+        else:
+            self._shrink_lru(keep)
+
+    def _shrink_lru(self, keep: Any = None) -> None:
         """Evict while the tier is over a bound: probation's LRU page first,
         then protected's, then the window's (``keep`` never; the page a
         caller uses, and the one being admitted)."""
@@ -375,7 +546,7 @@ class TinyLFU:
 
     def left(self, page: Any) -> None:
         """``page`` left residency outside the heaps (it became empty)."""
-        self.sizes[page.seg] -= 1
+        self._unfile(page)
 
     def order(self) -> list[Any]:
         """Resident pages, next victim-side first within each segment (window,
@@ -399,5 +570,8 @@ class TinyLFU:
 
     def clear(self) -> None:
         for heap in self.heaps:
+            for _, page in heap:
+                page.seg = NONE     # a forgotten page's later nbytes stores count nowhere
             heap.clear()
         self.sizes = [0, 0, 0]
+        self.weights[:] = [0, 0, 0, 0]   # in place: the pages hold this list

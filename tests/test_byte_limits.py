@@ -409,6 +409,60 @@ def test_both_bounds_hold_and_no_value_is_stale(tmp_path_factory, ops, page_size
             assert got is None or got == model[key]
 
 
+def assert_segment_bytes(cache: Cache) -> None:
+    """TinyLFU's segments, weighed in bytes: each one's byte total and page
+    count are those of the resident pages filed in it."""
+    tier = cache._tier
+    policy = tier.policy
+    resident = [p for p in tier.pages.values() if p.state == RESIDENT]
+    for seg in range(3):
+        in_seg = [p for p in resident if p.seg == seg]
+        assert policy.weights[seg] == sum(p.nbytes for p in in_seg), seg
+        assert policy.sizes[seg] == len(in_seg), seg
+    assert sum(policy.sizes) == tier.resident == len(resident)
+    assert sum(policy.weights[:3]) == tier.resident_bytes
+
+
+TINYLFU_OPS = st.lists(st.one_of(
+    st.tuples(st.just("set"), st.integers(0, 20), st.integers(10, 64 * KiB)),
+    st.tuples(st.just("set"), st.integers(0, 20), st.sampled_from([10, 1000, 20_000, 64 * KiB])),
+    st.tuples(st.just("get"), st.integers(0, 20), st.just(0)),
+    st.tuples(st.just("get"), st.integers(0, 20), st.just(0)),
+    st.tuples(st.just("del"), st.integers(0, 20), st.just(0)),
+    st.tuples(st.just("flush"), st.just(0), st.just(0)),
+), min_size=30, max_size=120)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=TINYLFU_OPS, page_size=st.sampled_from([1, 4]), max_pages=st.sampled_from([3, 50]))
+def test_tinylfu_segment_bytes_stay_exact_and_the_bound_holds(tmp_path_factory, ops, page_size,
+                                                              max_pages):
+    """Sets of 10 B to 64 KiB (new keys, overwrites that grow a resident page
+    in any segment, moves to a new page), deletes (a page leaving empty),
+    flushes (a page's nbytes set to its blob's size) and gets that fault a
+    page back: after every call the segments' byte totals are exact, and
+    the memory bound holds (one page alone may pass it)."""
+    d = tmp_path_factory.mktemp("seg")
+    model: dict[int, bytes] = {}
+    with open_cache(d / "c", page_size=page_size, max_pages=max_pages, policy="tinylfu",
+                    max_memory_bytes=100_000) as c:
+        for n, (op, key, size) in enumerate(ops):
+            if op == "set":
+                model[key] = tagged(str(key), n, size)
+                c[key] = model[key]
+            elif op == "get":
+                assert c.get(key) == model.get(key)
+            elif op == "del":
+                assert c.delete(key) == (key in model)
+                model.pop(key, None)
+            else:
+                c.flush()
+            with c._lock:   # the write-behind's flushed() changes nbytes under it
+                assert_segment_bytes(c)
+            assert_memory_bound(c)
+        assert dict(c.items()) == model
+
+
 # -- crash: SIGKILL with the store evicting ------------------------------------------
 
 

@@ -259,3 +259,66 @@ def test_a_recency_workload_grows_the_tiers_window():
     assert t.policy.sizes[2] <= t.policy.protected_cap
     assert t.resident <= 100
     check_table(t)
+
+
+# -- under a byte bound (max_memory_bytes) ---------------------------------------------------
+
+
+def hot_and_scan(c: Cache, rounds: int = 30) -> float:
+    """Read-through: a hot set of 20 keys read every round, then a burst of
+    100 keys never seen before nor after; 1 KB values. Returns the memory
+    hit ratio of the gets."""
+    value = b"v" * 1000
+    fresh = 0
+    for _ in range(rounds):
+        for k in range(20):
+            if c.get(f"hot{k}") is None:
+                c[f"hot{k}"] = value
+        for _ in range(100):
+            fresh += 1
+            if c.get(f"scan{fresh}") is None:
+                c[f"scan{fresh}"] = value
+    s = c.stats()
+    return s.memory_hits / (s.memory_hits + s.store_hits + s.misses)
+
+
+def test_a_byte_bound_far_below_max_pages_keeps_the_hot_pages_under_tinylfu(tmp_path):
+    """About 48 one-entry pages fit in the bytes and 10,000 in pages: sized
+    in pages, the window (100 pages) would hold the whole cache and TinyLFU
+    would be LRU, which loses the hot set to every burst. Weighed in bytes,
+    the scan's pages lose admission to the hot ones."""
+    ratio, kept = {}, {}
+    for policy in ("lru", "tinylfu"):
+        with opened(tmp_path / policy, page_size=1, max_pages=10_000, policy=policy,
+                    max_memory_bytes=50_000) as c:
+            ratio[policy] = hot_and_scan(c)
+            assert c.stats().memory_bytes <= 50_000
+            kept[policy] = sum(resident(c._tier, f"hot{k}") for k in range(20))
+    # 600 hot gets of 3600: LRU hits none of them (every burst flushes the
+    # hot set), TinyLFU nearly all after the first round
+    assert ratio["lru"] < 0.02
+    assert ratio["tinylfu"] > 0.14, ratio
+    assert kept == {"lru": 0, "tinylfu": 20}
+
+
+def test_under_a_byte_bound_the_climber_moves_a_byte_split():
+    """The recency workload above, weighed: 100 pages of 10 bytes fit in the
+    bytes, 10,000 in pages. The window must grow to 10 pages' bytes (10% of
+    the bound) to catch the second uses, and the climber's caps are bytes,
+    with the same share of max_pages."""
+    t = MemoryTier(page_size=1, max_pages=10_000, policy="tinylfu", max_bytes=1000)
+    p = t.policy
+    assert (p.window_cap, p.window_pages) == (10, 100)      # 1% of each
+    for j in range(40_000):
+        access(t, j)
+        access(t, j - 10)
+        if j % 50 == 0:
+            flush_all(t)
+        assert t.resident_bytes <= 1000
+    assert p.climber.adjustments > 20
+    assert p.window_cap >= 100
+    assert (p.window_cap, p.protected_cap) == p.climber.caps()
+    assert p.window_pages == p.window_cap * 10_000 // 1000
+    assert p.weights[2] <= p.protected_cap
+    assert t.resident <= 100
+    check_table(t)
