@@ -27,7 +27,13 @@ from .conftest import Clock, trace_path
 
 
 def check_tier(cache: Cache) -> None:
-    """The tier's own bookkeeping agrees with its pages (lock held by nobody)."""
+    """The tier's own bookkeeping agrees with its pages (under the cache's
+    lock: the write-behind thread changes the tier when a flush commits)."""
+    with cache._lock:
+        _check_tier(cache)
+
+
+def _check_tier(cache: Cache) -> None:
     tier = cache._tier
     assert isinstance(tier, MidpointTier)
     assert tier.young_n + tier.old_n <= tier.budget
