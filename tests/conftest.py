@@ -158,14 +158,16 @@ def check_table(tier: MemoryTier) -> None:
                 assert tuple(tier.table[key][:2]) == (page, slot), (key, page)
 
 
-def tier_layout(tier: MemoryTier) -> dict:
+def tier_layout(tier: MemoryTier, times: bool = True) -> dict:
     """Everything about a memory tier's layout that a hit ratio or a test
     could see, as plain data: each page (id, slots, values, expiries, free
     slots, counts, versions, dirty LSN and time, bytes, recency stamps,
     state), the page table in its order (key, page, slot, entry kind), the
     LRU heap, the dirty order, the free list, the open page, the next page
     id and the LRU clock. Values and keys carry their type (``1`` and
-    ``1.0`` differ here); a value kept encoded compares by its bytes."""
+    ``1.0`` differ here); a value kept encoded compares by its bytes.
+    ``times=False``: a page's ``dirty_since`` (a reading of the real
+    monotonic clock) only says whether it is set."""
     from durablekv.codec import Frozen
 
     def val(v):
@@ -177,7 +179,8 @@ def tier_layout(tier: MemoryTier) -> dict:
     pages = {pid: dict(keys=[key(k) for k in p.keys], values=[val(v) for v in p.values],
                        expires=list(p.expires), free_slots=list(p.free_slots), used=p.used,
                        version=p.version, keys_version=p.keys_version, state=p.state,
-                       dirty_since=p.dirty_since, dirty_lsn=p.dirty_lsn, nbytes=p.nbytes,
+                       dirty_since=p.dirty_since if times else p.dirty_since is not None,
+                       dirty_lsn=p.dirty_lsn, nbytes=p.nbytes,
                        stamp=p.stamp, heap_stamp=p.heap_stamp, stored_n=p.stored_n,
                        stored_ttl_n=p.stored_ttl_n)
              for pid, p in sorted(tier.pages.items())}
