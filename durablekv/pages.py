@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from heapq import heappop, heappush, heapify, heapreplace
 from functools import partial
-from itertools import count, repeat
+from itertools import accumulate, chain, count, islice, repeat
 from typing import Any, Iterator, Sequence
 
 from .policy import TinyLFU, check_policy, counted_page_class
@@ -544,6 +544,14 @@ class MemoryTier:
         taken = 0
         table = self.table
         while i < n and (page_budget is None or taken < page_budget):
+            if n - i >= 2 * self.page_size:
+                end = self._fill_fresh_pages(keys, held, expires, nbytes, now, lsn, i,
+                                             None if page_budget is None
+                                             else page_budget - taken)
+                if end > i:
+                    taken += (end - i) // self.page_size
+                    i = end
+                    continue
             page = self._take_page(nbytes[i])
             taken += 1
             free = page.free_slots
@@ -587,6 +595,82 @@ class MemoryTier:
                     self.shrink(page)
             i = end
         return i
+
+    def _fill_fresh_pages(self, keys: Sequence[Any], held: Sequence[Any],
+                          expires: Sequence[float | None], nbytes: Sequence[int],
+                          now: float, lsn: int, i: int, page_budget: int | None) -> int:
+        """:meth:`insert_many`'s step for a run of whole pages that take fresh
+        ids and evict nothing: build each page full (no per-slot stores) and
+        the page-table entries of the whole run in one ``dict.update``.
+
+        The state left is exactly the one the page-at-a-time loop leaves:
+        the same page ids, slots, entries in the same table order, the same
+        two LRU ticks per page (one when it becomes resident, under which its
+        heap entry is filed, one for the touch after the fill), the same
+        dirty order, byte counts and versions. It runs only where that loop
+        would take a fresh id for every page and evict nothing: the LRU
+        policy, an empty free list, no open page with room, the pages stay
+        within ``max_pages`` (and ``max_bytes``) and each page's entries fit
+        its byte limit, and ``keys``, ``held`` and ``expires`` are lists (a page
+        keeps slices of them). Returns the position after the last key placed (``i``
+        when it places none; the loop then goes on as before).
+        """
+        ps = self.page_size
+        open_page = self.open_page
+        if (self.policy is not None or self.free or type(keys) is not list
+                or type(held) is not list or type(expires) is not list
+                or (open_page is not None and open_page.used < ps)):
+            return i
+        m = min((len(keys) - i) // ps, self.max_pages - self.resident)
+        if page_budget is not None:
+            m = min(m, page_budget)
+        if m < 2:
+            return i
+        end = i + m * ps
+        # each page's bytes (prefix sums); a page past the limit ends the run
+        sums = list(accumulate(islice(nbytes, i, end), initial=0))
+        sizes = [sums[j + ps] - sums[j] for j in range(0, m * ps, ps)]
+        limit = self.page_bytes_limit
+        if max(sizes) > limit:
+            m = next(j for j, size in enumerate(sizes) if size > limit)
+            if m < 2:
+                return i
+            del sizes[m:]
+            end = i + m * ps
+        if self.max_bytes is not None and \
+                self.resident_bytes + sums[m * ps] > self.max_bytes:
+            return i
+        ks, vs, es = keys[i:end], held[i:end], expires[i:end]
+        pid0 = self.next_page_id
+        self.next_page_id = pid0 + m
+        new_page = self._new_page
+        pages: list[Page] = []
+        stamps = list(islice(self.ticks, 2 * m))  # per page: resident, then the touch
+        self.locked_ticks += 2 * m
+        for j in range(m):
+            a = j * ps
+            page = new_page(pid0 + j, ps, (ks[a:a + ps], vs[a:a + ps], es[a:a + ps]))
+            page.used = ps
+            page.version = page.keys_version = 1
+            page.dirty_lsn = lsn
+            page.dirty_since = now
+            page.nbytes = sizes[j]
+            page.heap_stamp = stamps[2 * j]
+            page.stamp = stamps[2 * j + 1]
+            pages.append(page)
+        pids = range(pid0, pid0 + m)
+        self.pages.update(zip(pids, pages))
+        self.dirty.update(zip(pids, pages))
+        # every filed stamp is above those in the heap: appending keeps it a heap
+        self.heap.extend(zip(stamps[::2], pages))
+        self.resident += m
+        self.resident_bytes += sums[m * ps]
+        if es.count(None) != len(es):
+            vs = [h if e is None else HAS_TTL for h, e in zip(vs, es)]
+        self.table.update(zip(ks, zip(chain.from_iterable(map(repeat, pages, repeat(ps, m))),
+                                      chain.from_iterable(repeat(self._all_slots, m)), vs)))
+        self.open_page = pages[-1]
+        return end
 
     def fits(self, page: Page, nbytes: int) -> bool:
         """Whether an overwrite of ``nbytes`` keeps ``page`` within the byte

@@ -158,6 +158,44 @@ def check_table(tier: MemoryTier) -> None:
                 assert tuple(tier.table[key][:2]) == (page, slot), (key, page)
 
 
+def tier_layout(tier: MemoryTier, times: bool = True) -> dict:
+    """Everything about a memory tier's layout that a hit ratio or a test
+    could see, as plain data: each page (id, slots, values, expiries, free
+    slots, counts, versions, dirty LSN and time, bytes, recency stamps,
+    state), the page table in its order (key, page, slot, entry kind), the
+    LRU heap, the dirty order, the free list, the open page, the next page
+    id and the LRU clock. Values and keys carry their type (``1`` and
+    ``1.0`` differ here); a value kept encoded compares by its bytes.
+    ``times=False``: a page's ``dirty_since`` (a reading of the real
+    monotonic clock) only says whether it is set."""
+    from durablekv.codec import Frozen
+
+    def val(v):
+        return ("Frozen", v.blob) if type(v) is Frozen else (type(v).__name__, repr(v))
+
+    def key(k):
+        return "EMPTY" if k is EMPTY else (type(k).__name__, repr(k))
+
+    pages = {pid: dict(keys=[key(k) for k in p.keys], values=[val(v) for v in p.values],
+                       expires=list(p.expires), free_slots=list(p.free_slots), used=p.used,
+                       version=p.version, keys_version=p.keys_version, state=p.state,
+                       dirty_since=p.dirty_since if times else p.dirty_since is not None,
+                       dirty_lsn=p.dirty_lsn, nbytes=p.nbytes,
+                       stamp=p.stamp, heap_stamp=p.heap_stamp, stored_n=p.stored_n,
+                       stored_ttl_n=p.stored_ttl_n)
+             for pid, p in sorted(tier.pages.items())}
+    table = [(key(k), e[0].page_id, e[1], "HAS_TTL" if e[2] is HAS_TTL else val(e[2]),
+              type(e).__name__) for k, e in tier.table.items()]
+    return dict(pages=pages, table=table,
+                heap=[(stamp, p.page_id) for stamp, p in tier.heap],
+                dirty=list(tier.dirty), free=list(tier.free),
+                open_page=tier.open_page and tier.open_page.page_id,
+                next_page_id=tier.next_page_id, resident=tier.resident,
+                resident_bytes=tier.resident_bytes, pending=tier.pending,
+                evictions=tier.evictions, page_faults=tier.page_faults,
+                ticks=int(repr(tier.ticks)[6:-1]), locked_ticks=tier.locked_ticks)
+
+
 def reseal_pages(conn) -> None:
     """Give every page row of an open sqlite3 ``conn`` to a store the
     checksum of its current contents: for tests that damage a page's blob on

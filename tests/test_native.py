@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -325,3 +327,54 @@ def test_encode_columns_refusals_match():
                  ([1], ["k"], [b"v"], [None], 0), ([1], [b"k"], [b"v"], [3], 0)]:
         a, b = _both(pageformat.encode_columns, pageformat._py_encode_columns, *args)
         assert a == b, args
+
+
+# -- recovery: the same memory tier with the kernels and without ----------------------------
+
+from .conftest import Clock, tier_layout  # noqa: E402
+from .test_recovery import OPS, crash, run_ops  # noqa: E402
+
+
+@needs_both
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stored=OPS, logged=OPS, page_size=st.sampled_from([1, 2, 4, 16]),
+       max_pages=st.sampled_from([1, 3, 10_000]), fresh=st.integers(0, 80),
+       ttl=st.booleans())
+def test_recovery_builds_the_same_tier_with_the_kernels_and_without(stored, logged, page_size,
+                                                                    max_pages, fresh, ttl):
+    """One crashed directory recovered with the C kernels and with the
+    pure-Python code: the very same memory tier (every page's slots,
+    values, expiries, counts and versions, the page table in its order, the
+    LRU stamps and heap, the dirty order, the free list, the next page id)
+    and the same counts and last LSN. The log holds a store's worth of
+    history (sets, TTLs, deletes, clears, equal keys such as 1 and 1.0)
+    and then ``fresh`` new keys, which recovery places a whole page at a
+    time."""
+    from unittest import mock
+    tmp = Path(tempfile.mkdtemp(prefix="durablekv-native-recovery-"))
+    try:
+        with mock.patch.object(Cache, "_sweep_expired", return_value=0):
+            clock = Clock()
+            opts = dict(page_size=page_size, clock=clock, warm=False, flush_interval=3600,
+                        flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
+            cache = Cache(tmp / "c", max_pages=10_000, **opts)
+            run_ops(cache, clock, stored, {}, {})
+            cache.flush()
+            run_ops(cache, clock, logged, {}, {})
+            for i in range(fresh):
+                cache.set(f"fresh{i}", b"x" * (i % 7), expire=100 if ttl and i % 5 == 0 else None)
+            crash(cache)
+            shutil.copytree(tmp / "c", tmp / "pure")
+            got = {}
+            for name, d in (("native", tmp / "c"), ("pure", tmp / "pure")):
+                with implementation(name):
+                    c = Cache(d, max_pages=max_pages, **opts)
+                    try:
+                        with c._lock:
+                            got[name] = (tier_layout(c._tier, times=False), c._count,
+                                         c._ttl_count, c._last_lsn, c.recovered_records)
+                    finally:
+                        crash(c)
+            assert got["native"] == got["pure"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from durablekv import Cache
 from durablekv.pages import EMPTY, PENDING, RESIDENT, MemoryTier
 
-from .conftest import check_table
+from .conftest import check_table, tier_layout
 
 
 def resident_ids(tier: MemoryTier) -> list[int]:
@@ -34,6 +34,43 @@ def flush_all(tier: MemoryTier) -> None:
 
 
 # -- MemoryTier on its own -------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 3, 4, 16]), max_pages=st.integers(1, 60),
+       max_bytes=st.one_of(st.none(), st.integers(20, 400)),
+       before=st.integers(0, 30), removed=st.lists(st.integers(0, 29), max_size=8),
+       n=st.integers(0, 200), ttl_every=st.sampled_from([0, 1, 3]),
+       big_at=st.lists(st.integers(0, 199), max_size=3), budget=st.one_of(
+           st.none(), st.integers(1, 8)), start=st.integers(0, 5))
+def test_insert_many_fills_whole_pages_exactly_as_the_page_loop(
+        page_size, max_pages, max_bytes, before, removed, n, ttl_every, big_at, budget, start):
+    """insert_many's bulk step (whole fresh pages at once) leaves the very
+    state the page-at-a-time loop leaves: same pages, slots, table order,
+    LRU ticks and heap, dirty order, byte counts; from any starting state
+    (an open page with room, a free list, pages evicted or pending) and with
+    TTLs, entries too big for a page's byte limit, and a page budget."""
+    def build(bulk: bool) -> tuple[MemoryTier, int]:
+        t = MemoryTier(page_size, max_pages, max_bytes=max_bytes)
+        if not bulk:
+            t._fill_fresh_pages = lambda *args: args[6]  # the position: nothing placed
+        for i in range(before):
+            t.insert(("old", i), i, None, 1.0, i + 1, 10)
+        for i in set(removed):
+            if ("old", i) in t.table:
+                t.remove(("old", i), 2.0, 100 + i)
+        keys = [f"k{i}" for i in range(n)]
+        held = [b"v%d" % i for i in range(n)]
+        expires = [50.0 + i if ttl_every and i % ttl_every == 0 else None for i in range(n)]
+        nbytes = [5000 if i in big_at else 7 for i in range(n)]
+        end = t.insert_many(keys, held, expires, nbytes, 3.0, 200, min(start, n), budget)
+        return t, end
+
+    loop, loop_end = build(False)
+    bulk, bulk_end = build(True)
+    assert bulk_end == loop_end
+    assert tier_layout(bulk) == tier_layout(loop)
+    check_table(bulk)
 
 
 def test_new_keys_fill_the_open_page_then_take_a_new_id():
