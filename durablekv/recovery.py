@@ -51,17 +51,6 @@ def _gc_paused() -> Iterator[None]:
     the growing table over and over (measured: two thirds of the time of
     building it). Reference counting still frees whatever is not in a cycle;
     cyclic garbage made meanwhile (by any thread) waits for the pause to end.
-
-    When the pause ends, the objects made meanwhile (most of them the memory
-    tier, which lives as long as the cache) go straight to the oldest
-    generation (``gc.freeze()`` then ``gc.unfreeze()``): without that, the
-    first allocation after the pause walked them all in a young collection
-    (0.2 s after 1M records) and the next collection of the middle
-    generation walked them again, only to promote what is alive anyway. They
-    are still walked by the next full collection, as every old object is,
-    and garbage among them is still found there. Skipped when the program
-    keeps objects frozen itself (``gc.get_freeze_count()``; a pre-fork
-    server's ``gc.freeze()``), which ``gc.unfreeze()`` would undo.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -69,9 +58,6 @@ def _gc_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
-            if gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.unfreeze()
             gc.enable()
 
 

@@ -37,46 +37,6 @@ def contents(d, **kw) -> dict:
         return dict(cache.items())
 
 
-def test_recovery_leaves_the_collector_as_it_found_it(tmp_path):
-    """The collector's pause ends with the objects recovery made moved to the
-    oldest generation (gc.freeze + gc.unfreeze): nothing stays frozen, the
-    collector is on again, and a program's own frozen objects (a pre-fork
-    server's gc.freeze()) stay frozen; with the collector off, it stays off."""
-    import gc
-
-    d = tmp_path / "c"
-    cache = Cache(d, page_size=4, **NEVER)
-    for i in range(200):
-        cache[f"k{i}"] = [i]
-    crash(cache)
-    assert gc.isenabled() and gc.get_freeze_count() == 0
-    with Cache(d, **NEVER) as c:
-        assert c.stats().recovered_records == 200
-    assert gc.isenabled() and gc.get_freeze_count() == 0
-    crash_again = Cache(d, **NEVER)
-    crash_again["more"] = 1
-    crash(crash_again)
-    kept = [object() for _ in range(3)]  # noqa: F841 (frozen below, with everything else)
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        with Cache(d, **NEVER) as c:
-            assert c.stats().recovered_records >= 1
-        assert gc.get_freeze_count() == frozen and gc.isenabled()
-    finally:
-        gc.unfreeze()
-    cache = Cache(d, **NEVER)
-    cache["again"] = 2
-    crash(cache)
-    gc.disable()
-    try:
-        with Cache(d, **NEVER) as c:
-            assert c.stats().recovered_records >= 1
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-
-
 def test_open_returns_before_the_flush_and_a_crash_right_after_loses_nothing(tmp_path):
     d = tmp_path / "c"
     cache = Cache(d, page_size=4, **NEVER)
