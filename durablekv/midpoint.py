@@ -404,29 +404,12 @@ class MidpointTier(MemoryTier):
         doomed (the caller dirties the page at once). ``sizes``: each entry's
         bytes, in ``slots`` order (:func:`~durablekv.stores.pageformat.entry_sizes`
         of the blob); required."""
-        n = len(keys)
-        if n == self.page_size and list(slots) == self._all_slots:
-            page = SlotPage(page_id, n, (keys, values, expires))
-        else:
-            page = SlotPage(page_id, self.page_size)
-            pk, pv, pe = page.keys, page.values, page.expires
-            for slot, key, held, exp in zip(slots, keys, values, expires):
-                pk[slot] = key
-                pv[slot] = held
-                pe[slot] = exp
-            taken = set(slots)
-            page.free_slots = [s for s in range(self.page_size - 1, -1, -1) if s not in taken]
-        self.table.update(zip(keys, _entries(page, slots, values, expires)))
         if sizes is None:
             raise TypeError("MidpointTier.install needs each entry's bytes (sizes=)")
+        page = self._stored_page(page_id, slots, keys, values, expires, nbytes)
         ps = page.sizes
         for slot, size in zip(slots, sizes):
             ps[slot] = size
-        page.used = n
-        page.stored_n = n
-        page.stored_ttl_n = n - expires.count(None)
-        page.nbytes = nbytes
-        self.pages[page_id] = page
         self.resident_bytes += nbytes
         self._take_in(page, slots, keys, want, resident, warm_stamp is not None)
         return page

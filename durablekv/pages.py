@@ -429,6 +429,24 @@ class MemoryTier:
             used since. The caller makes room first: this install must evict
             nothing.
         """
+        page = self._stored_page(page_id, slots, keys, values, expires, nbytes)
+        if not resident:
+            page.state = PENDING
+            self.pending += 1
+            return page
+        if warm_stamp is not None:
+            self.make_resident(page, warm_stamp)
+            return page
+        self.page_faults += 1
+        if self.policy is not None:
+            self.policy.sketch.increment(page_id)
+        self.make_resident(page)
+        return page
+
+    def _stored_page(self, page_id: int, slots: Sequence[int], keys: list[Any],
+                     values: list[Any], expires: list[float | None], nbytes: int) -> Page:
+        """Build the page object of a stored page (``install``'s arguments)
+        and enter it and its keys in the page table; it is in no LRU order yet."""
         n = len(keys)
         if n == self.page_size and list(slots) == self._all_slots:
             page = self._new_page(page_id, n, (keys, values, expires))
@@ -447,17 +465,6 @@ class MemoryTier:
         page.stored_ttl_n = n - expires.count(None)
         page.nbytes = nbytes
         self.pages[page_id] = page
-        if not resident:
-            page.state = PENDING
-            self.pending += 1
-            return page
-        if warm_stamp is not None:
-            self.make_resident(page, warm_stamp)
-            return page
-        self.page_faults += 1
-        if self.policy is not None:
-            self.policy.sketch.increment(page_id)
-        self.make_resident(page)
         return page
 
     def fault_pending(self, page: Page) -> None:
