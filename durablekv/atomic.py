@@ -144,7 +144,9 @@ class AtomicOps:
         kb = _codec.encode_key(key)
         with self._lock:
             self._open_for_writes()
-            ref = self._ref(key)
+            if self._tier.pending >= self.max_pending_pages:
+                self._backpressure()  # (a page only in the store comes in pending)
+            ref = self._ref(key, for_delete=True)
             if ref is None:
                 if default is _MISSING:
                     raise KeyError(key)

@@ -687,7 +687,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         kb = _codec.encode_key(key)
         with self._lock:
             self._open_for_writes()
-            if self._ref(key) is None:
+            if self._tier.pending >= self.max_pending_pages:
+                self._backpressure()  # (a page only in the store comes in pending)
+            if self._ref(key, for_delete=True) is None:
                 return False
             lsn = self._append(OP_DELETE, kb, b"", None)
             self._apply_delete(key, lsn)

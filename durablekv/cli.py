@@ -234,7 +234,13 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         return f"{100 * x:6.2f} %"
 
     slots = r.get("memory_slots", r["page_size"] * r["max_pages"])
-    if r.get("policy") == "midpoint":
+    if r.get("max_memory_bytes") is not None:
+        # the byte bound, not the slots, may be what limits the tier
+        compare = "<- bounded by bytes too: not an LRU figure of a fixed entry count"
+        tier = (f"the memory tier holds at most {slots:,} entries and "
+                f"{r['max_memory_bytes']:,} bytes of them; an entry-count LRU of the same "
+                f"memory holds as many entries as fit in those bytes")
+    elif r.get("policy") == "midpoint":
         # residency per entry: the budget is max_pages x page_size entries
         compare = f"<- compare this one with an LRU cache of {slots:,} entries"
         tier = (f"the memory tier holds at most {slots:,} entries (midpoint: residency per "
@@ -267,7 +273,7 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         # evicts, so the overall ratio is no LRU figure.
         f"memory hit ratio   {pct(r['memory_hit_ratio'])} of gets  {compare}",
         *(f"                   {line}" for line in textwrap.wrap(f"({tier})", 70)),
-        f"overall hit ratio  {pct(r['hit_ratio'])} of gets  (memory + store "
+        f"overall hit ratio  {pct(r['hit_ratio'])} of gets  (memory, plus store "
         f"{pct(r['store_hit_ratio']).strip()}" + (
             f": the store is bounded by size_limit={r['size_limit']:,} bytes)" if bounded_store
             else ": the store never evicts,"),

@@ -23,9 +23,14 @@ from .stores.sqlitefile import mark_damaged
 class PageFaults:
     """Key index look-ups and page faults (see the module docstring)."""
 
-    def _locate(self, key: Any) -> tuple | list | None:
+    def _locate(self, key: Any, for_delete: bool = False) -> tuple | list | None:
         """Find a key whose page is not in memory: key index, then page fault;
         return its page-table entry ``(page, slot, value)`` (see MemoryTier).
+
+        ``for_delete``: the caller removes the key at once, so its page comes
+        in outside the LRU order (pending under ``lru``/``tinylfu``, doomed
+        under ``midpoint``) and leaves with the flush that stores the removal:
+        a delete of a key only in the store evicts nothing resident.
 
         A key of a subclass (an ``IntEnum`` member, a namedtuple) is looked
         up as the plain key it equals (:func:`~durablekv.codec.lookup_key`),
@@ -69,10 +74,17 @@ class PageFaults:
             if not page.unloaded:
                 return None  # its page is in memory and no longer holds it
             # policy="midpoint": the page is in memory in part; read the rest in
-            self._fill(page, row, want=key)
+            self._fill(page, row, want=key, for_write=for_delete)
         else:
-            self._fault_in(pid, row, want=key)
-        return self._tier.table.get(key)
+            page = self._fault_in(pid, row, want=key, for_write=for_delete)
+        ref = self._tier.table.get(key)
+        if for_delete and ref is None:
+            # (not on the page the index names: nothing will dirty it)
+            if self._tier.per_entry:
+                self._tier.settle(page)
+            else:
+                self._tier.fault_pending(page)
+        return ref
 
     def _fault_in(self, pid: int, row: tuple[int, bytes] | None = None,
                   want: Any = UNLOADED, for_write: bool = False) -> Page:
@@ -87,7 +99,8 @@ class PageFaults:
             row = self._store.read_page(pid)
         slots, keys, values, expires = self._decode_page(pid, row)
         if not self._tier.per_entry:
-            return self._tier.install(pid, slots, keys, values, expires, len(row[1]))
+            return self._tier.install(pid, slots, keys, values, expires, len(row[1]),
+                                      resident=not for_write)
         return self._tier.install(pid, slots, keys, values, expires, len(row[1]), want=want,
                                   resident=not for_write, sizes=entry_sizes(row[1]))
 
@@ -210,9 +223,9 @@ class PageFaults:
                 raise self._damaged(f"page {page.page_id} slot {slot} holds {key!r} in the "
                                     f"store and {held!r} in memory, with no change to store")
 
-    def _ref(self, key: Any, now_fn=None) -> tuple | list | None:
+    def _ref(self, key: Any, now_fn=None, for_delete: bool = False) -> tuple | list | None:
         """The page-table entry ``(page, slot, value)`` of a live key, faulting
-        its page in; None when absent.
+        its page in; None when absent (``for_delete``: see :meth:`_locate`).
 
         Expired entries found on the way are removed (lock held).
         """
@@ -222,7 +235,7 @@ class PageFaults:
             _codec.check_key(key)  # the same TypeError as set() gives, naming the type
             raise
         if ref is None:
-            ref = self._locate(key)
+            ref = self._locate(key, for_delete)
             if ref is None:
                 return None
         page, slot, _ = ref

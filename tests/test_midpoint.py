@@ -416,3 +416,61 @@ def test_recovery_into_a_tiny_tier_with_reads_between_writes(tmp_path):
         assert dict(c.items()) == _exit_model(1000)
         assert c.stats().recovered_records > 0
         check_tier(c)
+
+
+@pytest.mark.parametrize("policy", ["lru", "tinylfu", "midpoint"])
+def test_deleting_a_key_only_in_the_store_evicts_nothing(tmp_path, policy):
+    """delete and pop read the page of a key that is only in the store to
+    remove it, outside the LRU order: what is resident stays resident."""
+    with Cache(tmp_path / "c", page_size=1, max_pages=1, policy=policy,
+               flush_interval=3600) as c:
+        c["a"] = 1
+        c["b"] = 2
+        c["x"] = 3
+        c.flush()               # a, b, x in the store; x resident
+        assert c["b"] == 2      # a page fault: b resident, x evicted
+        before = c.stats()
+        assert c.delete("a")
+        assert c.pop("x") == 3
+        after = c.stats()
+        assert after.evictions == before.evictions
+        assert c["b"] == 2
+        assert c.stats().memory_hits == before.memory_hits + 1
+        c.flush()
+        assert c.stats().pending_pages == 0
+    with Cache(tmp_path / "c", page_size=1, max_pages=1, policy=policy) as c:
+        assert dict(c.items()) == {"b": 2}
+
+
+@pytest.mark.parametrize("policy", ["lru", "midpoint"])
+@pytest.mark.parametrize("seed", range(4))
+def test_page_size_1_is_an_exact_lru_with_deletes(tmp_path, policy, seed):
+    """Look-aside gets and deletes at page_size=1 against an OrderedDict LRU
+    (a delete removes the key from the LRU and never inserts one), with
+    flushes at random: memory hits are the model's exactly."""
+    from collections import OrderedDict
+    rng = random.Random(seed)
+    cap = 1 + seed
+    lru: OrderedDict = OrderedDict()
+    hits = 0
+    with Cache(tmp_path / "c", page_size=1, max_pages=cap, policy=policy,
+               flush_interval=3600, flush_batch_pages=10**6) as c:
+        for _ in range(400):
+            k = rng.randrange(12)
+            r = rng.random()
+            if r < 0.2:
+                c.delete(k)
+                lru.pop(k, None)
+            elif r < 0.25:
+                c.flush()
+            else:
+                if k in lru:
+                    lru.move_to_end(k)
+                    hits += 1
+                else:
+                    lru[k] = None
+                    if len(lru) > cap:
+                        lru.popitem(last=False)
+                if c.get(k) is None:
+                    c.set(k, b"v")
+        assert c.stats().memory_hits == hits
