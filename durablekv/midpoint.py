@@ -636,11 +636,7 @@ class MidpointTier(MemoryTier):
 
     def flushed(self, page: Page, version: int, keys_version: int, n: int, ttl_n: int,
                 nbytes: int) -> None:
-        page.stored_n = n
-        page.stored_ttl_n = ttl_n
-        page.stored_keys_version = keys_version
-        page.flight_lsn = None
-        if self.pages.get(page.page_id) is not page:
+        if not self._stored(page, keys_version, n, ttl_n):
             return  # forgotten meanwhile (clear())
         if page.version != version:
             self.dirty.pop(page.page_id, None)

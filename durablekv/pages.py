@@ -749,6 +749,15 @@ class MemoryTier:
         page.dirty_lsn = None
         return page.flight_lsn
 
+    def _stored(self, page: Page, keys_version: int, n: int, ttl_n: int) -> bool:
+        """:meth:`flushed`'s first step, the store's view of ``page``; False
+        when the page was forgotten meanwhile (``clear()``)."""
+        page.stored_n = n
+        page.stored_ttl_n = ttl_n
+        page.stored_keys_version = keys_version
+        page.flight_lsn = None
+        return self.pages.get(page.page_id) is page
+
     def flush_failed(self, page: Page) -> None:
         """The flush of ``page`` did not commit: it is dirty since its old LSN."""
         if page.flight_lsn is not None:
@@ -758,12 +767,8 @@ class MemoryTier:
     def flushed(self, page: Page, version: int, keys_version: int, n: int, ttl_n: int,
                 nbytes: int) -> None:
         """Record that ``page`` at ``version`` is committed to the store."""
-        page.stored_n = n
-        page.stored_ttl_n = ttl_n
-        page.stored_keys_version = keys_version
-        page.flight_lsn = None
-        if self.pages.get(page.page_id) is not page:
-            return  # forgotten meanwhile (clear())
+        if not self._stored(page, keys_version, n, ttl_n):
+            return
         if page.version == version:
             if page.state == RESIDENT:
                 self.resident_bytes += nbytes - page.nbytes
