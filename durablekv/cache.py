@@ -63,7 +63,7 @@ from .keyfilter import KeyFilter
 from .lifecycle import Lifecycle, _open_caches
 from .memoize import memoize as _memoize
 from .nowait import NoWait
-from .pages import HAS_TTL, RESIDENT, SLOTTED, make_tier
+from .pages import HAS_TTL, RESIDENT, SLOTTED, MemoryTier, make_tier
 from .policy import check_policy
 from .recovery import Recovery, _gc_paused
 from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, _first_lsn_of, list_segments
@@ -131,6 +131,10 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         and readable like any other; its page is evicted by the next page
         that becomes resident. Pending pages (waiting for the write-behind)
         are not resident and are bounded by ``max_pending_pages`` instead.
+        Under ``policy="midpoint"`` the same holds per entry: each entry is
+        counted by its own bytes (encoded at set time, stored after a page
+        fault), entries leave until the bound holds, and only one entry
+        bigger than the bound may pass it, alone.
         Not stored: a store may be reopened with any bound (docs/api.md).
     :param size_limit: None (default: no bound) or a positive int: bytes of
         pages the store keeps on disk. When a flush leaves the store above
@@ -143,8 +147,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         (residency per entry inside pages: a young and an old sublist, a page
         fault's neighbours entering at the midpoint, as in InnoDB's buffer
         pool; ``max_memory_bytes`` then bounds the bytes of the entries in
-        memory, not of pages); docs/policy.md. Not stored: a
-        store may be reopened with any of them.
+        memory, not of pages); docs/policy.md. Not stored: a store may be
+        reopened with any of them.
     :param flush_interval: seconds between write-behind flushes (and log
         fsyncs in ``durability="log"``).
     :param flush_batch_pages: a flush starts early once this many pages are dirty.

@@ -183,7 +183,7 @@ class Expiry:
             if page.unloaded:  # policy="midpoint": expired entries may be unloaded
                 self._whole(page)
             doomed = _expired_keys(page.keys, page.expires, now)
-            if not doomed and hasattr(self._tier, "settle"):
+            if not doomed and self._tier.per_entry:
                 self._tier.settle(page)
         else:
             row = self._store.read_page(pid)

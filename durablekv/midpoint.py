@@ -216,21 +216,12 @@ class MidpointTier(MemoryTier):
             else:
                 return page, slot
 
-    def _pop_old(self) -> tuple[SlotPage, int] | None:
-        """The old LRU entry, still old, or None when the old sublist is empty."""
-        old = self.old
-        while old:
-            tok, page, slot = old[0]
-            if page.where[slot] == OLD and page.filed[slot] == tok:
-                return page, slot
-            old.popleft()
-        return None
-
     def _rebalance(self) -> None:
         """Move the young overflow to the old sublist, then evict down to the
-        budget. (The per-entry moves of :meth:`_lose`, :meth:`_old`,
-        :meth:`_victim` and :meth:`_unload` written out in the loops: this
-        runs for every entry a page fault brings in.)"""
+        budget; an entry chosen to leave goes at once when its page is clean
+        (:meth:`_unload`), else when the page's flush commits (doomed). (The
+        per-entry moves of :meth:`_lose` and :meth:`_old` written out in the
+        loops: this runs for every entry a page fault brings in.)"""
         if self.young_n > self.young_cap:
             old, tokens = self.old, self._tokens
             n = self.young_n - self.young_cap
@@ -245,7 +236,7 @@ class MidpointTier(MemoryTier):
         excess = self.young_n + self.old_n - self.budget
         max_bytes = self.max_bytes
         if excess > 0 or max_bytes is not None and self.live_bytes > max_bytes:
-            old, dirty, table = self.old, self.dirty, self.table
+            old, dirty = self.old, self.dirty
             popleft = old.popleft
             if max_bytes is None:
                 max_bytes = 1 << 62
@@ -283,14 +274,8 @@ class MidpointTier(MemoryTier):
                     page.doomed += 1
                     if page.doomed == 1:
                         self.pending += 1
-                else:
-                    page.where[slot] = OUT
-                    keys = page.keys
-                    del table[keys[slot]]
-                    keys[slot] = UNLOADED
-                    page.values[slot] = None
-                    page.expires[slot] = None
-                    page.unloaded += 1
+                else:  # clean: the store holds it
+                    self._unload(page, slot)
                     if page.live == 0:
                         self._maybe_drop(page)
         if len(self.young) > 2 * self.young_n + 64:
@@ -300,19 +285,6 @@ class MidpointTier(MemoryTier):
         if len(self.old) > 2 * self.old_n + 64:
             self.old = deque(e for e in self.old
                              if e[1].where[e[2]] == OLD and e[1].filed[e[2]] == e[0])
-
-    def _victim(self, page: SlotPage, slot: int) -> None:
-        """``slot`` (no longer young or old) leaves memory: at once when its page
-        is clean, else when the page's flush commits (doomed)."""
-        self.evictions += 1
-        if page.page_id in self.dirty:
-            page.where[slot] = DOOMED
-            page.doomed += 1
-            if page.doomed == 1:
-                self.pending += 1
-        else:
-            self._unload(page, slot)
-            self._maybe_drop(page)
 
     def _unload(self, page: SlotPage, slot: int) -> None:
         """Drop a clean slot's entry from memory (the store holds it)."""

@@ -23,7 +23,6 @@ from typing import Any, Iterator
 from . import codec as _codec
 from .config import _MISSING, _REAL_MONOTONIC
 from .errors import LogCorruptionError
-from .pages import RESIDENT
 from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, locate_record
 
 

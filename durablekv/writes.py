@@ -17,7 +17,6 @@ from .config import (MAX_KEY_BYTES, MAX_VALUE_BYTES_LIMIT, _FAILED, _MISSING, _O
                      _REAL_MONOTONIC, _U32_PACK, _key_too_long)
 from .errors import LogWriteError, WriteBehindError
 from .keyfilter import KeyFilter
-from .pages import RESIDENT
 from .logsegments import OP_SET
 
 
