@@ -26,7 +26,8 @@ from typing import Iterator
 __all__ = ["Acceleration", "accelerated", "native", "pure_kernels"]
 
 #: The kernels the extension provides, by the name :class:`Acceleration` lists.
-KERNELS = ("log_record", "segment_parse", "recovery_decode", "page_decode", "page_encode")
+KERNELS = ("log_record", "segment_parse", "recovery_decode", "page_decode", "page_encode",
+           "memory_hit")
 
 
 class Acceleration:
@@ -37,7 +38,9 @@ class Acceleration:
         append a replay-log record), ``segment_parse`` (read a log segment at
         recovery), ``recovery_decode`` (decode recovered keys and values),
         ``page_decode`` (decode a page blob at a page fault),
-        ``page_encode`` (encode a page blob at a flush).
+        ``page_encode`` (encode a page blob at a flush), ``memory_hit``
+        (``Cache.get``'s lock-free memory hit, installed per open cache;
+        not on a free-threaded build).
     :ivar reason: why the pure-Python code runs (``""`` when it does not):
         ``DURABLEKV_PURE`` was set, or the extension failed to import (the
         error's text, e.g. when it was not built for lack of a compiler).
@@ -87,11 +90,12 @@ native, accelerated = _load()
 #: Where each kernel's module looks the extension up: (module, global name,
 #: the value that turns the kernel on).
 def _switches() -> list[tuple[ModuleType, str, object]]:
-    from . import codec, logsegments, replaylog
+    from . import cache, codec, logsegments, replaylog
     from .stores import pageformat
     if native is None:
         return []
-    return [(codec, "_native", native), (logsegments, "_native", native),
+    return [(cache, "_HIT_GETTER", cache._HIT_GETTER),
+            (codec, "_native", native), (logsegments, "_native", native),
             (pageformat, "_native", native), (replaylog, "_WRITE_RECORD", native.write_record),
             (replaylog, "_WRITE_BYTES_RECORD", native.write_bytes_record),
             (replaylog, "_STORE_RECORD", native.store_record),

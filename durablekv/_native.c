@@ -1,4 +1,5 @@
-/* durablekv._native: C kernels for the replay log and the page blobs.
+/* durablekv._native: C kernels for the replay log, the page blobs and the
+ * memory hit of Cache.get.
  *
  * Every function here has a pure-Python twin (durablekv/logsegments.py,
  * durablekv/codec.py, durablekv/stores/pageformat.py) that stays the
@@ -678,10 +679,260 @@ py_encode_columns(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t n
     return out;
 }
 
+/* ---------------------------------------------------------------- memory hit
+ *
+ * hit_getter(cache, table, ticks, open, has_ttl, frozen, resident, slotted, slow)
+ * -> a callable get(key, default=None) that Cache installs as its instance's
+ * ``get``: the lock-free memory hit of Cache.get (durablekv/cache.py), the
+ * same steps in the same order, with no Python frame. Anything but a plain
+ * memory hit (a miss, an entry with a TTL, a page not resident, an old
+ * midpoint entry, a frozen value, a closed cache, keywords) calls ``slow``,
+ * the Python Cache.get, with the same arguments: one place decides every
+ * other case and raises every error. The getter holds the cache; Cache
+ * drops it from its __dict__ at close, which ends the reference cycle (and
+ * tp_traverse lets the collector end it otherwise).
+ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cache;     /* the Cache */
+    PyObject *table;     /* its page table: key -> (page, slot, value) */
+    PyObject *ticks;     /* the tier's itertools.count: LRU clock and hit count */
+    PyObject *open;      /* the _OPEN state object */
+    PyObject *has_ttl;   /* HAS_TTL: the value is checked under the lock */
+    PyObject *frozen;    /* codec.Frozen: decoded on every read (slow path) */
+    PyObject *slow;      /* Cache.get, the Python function */
+    long resident, slotted;
+} HitState;
+
+static PyObject *s_state, *s_pstate, *s_stamp, *s_stamps;
+
+static int
+hit_traverse(HitState *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->cache);
+    Py_VISIT(self->table);
+    Py_VISIT(self->ticks);
+    Py_VISIT(self->open);
+    Py_VISIT(self->has_ttl);
+    Py_VISIT(self->frozen);
+    Py_VISIT(self->slow);
+    return 0;
+}
+
+static int
+hit_clear(HitState *self)
+{
+    Py_CLEAR(self->cache);
+    Py_CLEAR(self->table);
+    Py_CLEAR(self->ticks);
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->has_ttl);
+    Py_CLEAR(self->frozen);
+    Py_CLEAR(self->slow);
+    return 0;
+}
+
+static void
+hit_dealloc(HitState *self)
+{
+    PyObject_GC_UnTrack(self);
+    hit_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyTypeObject HitStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "durablekv._native.HitState",
+    .tp_basicsize = sizeof(HitState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)hit_traverse,
+    .tp_clear = (inquiry)hit_clear,
+    .tp_dealloc = (destructor)hit_dealloc,
+};
+
+/* slow(cache, *args, **kwargs) */
+static PyObject *
+hit_slow(HitState *st, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8];
+    PyObject **stack = small;
+    if (total + 1 > 8) {
+        stack = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+        if (stack == NULL)
+            return PyErr_NoMemory();
+    }
+    stack[0] = st->cache;
+    for (Py_ssize_t i = 0; i < total; i++)
+        stack[i + 1] = args[i];
+    PyObject *r = PyObject_Vectorcall(st->slow, stack, (size_t)(nargs + 1), kwnames);
+    if (stack != small)
+        PyMem_Free(stack);
+    return r;
+}
+
+/* The stamp for this hit: next(ticks), or NULL with an error set. */
+static inline PyObject *
+hit_tick(HitState *st)
+{
+    PyObject *t = PyIter_Next(st->ticks);
+    if (t == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "the LRU clock stopped");
+    return t;
+}
+
+static PyObject *
+hit_get(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames)
+{
+    HitState *st = (HitState *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs < 1 || nargs > 2 || st->cache == NULL)
+        goto slow;
+    PyObject *state = PyObject_GetAttr(st->cache, s_state);
+    if (state == NULL)
+        return NULL;
+    Py_DECREF(state);  /* only its identity is compared */
+    if (state != st->open)
+        goto slow;
+    PyObject *ref = PyDict_GetItemWithError(st->table, args[0]);  /* borrowed */
+    if (ref == NULL) {
+        PyErr_Clear();  /* a miss, or an unhashable key: the slow path decides */
+        goto slow;
+    }
+    PyObject *page, *slot, *v;
+    if (PyTuple_CheckExact(ref) && PyTuple_GET_SIZE(ref) == 3) {
+        page = PyTuple_GET_ITEM(ref, 0);
+        slot = PyTuple_GET_ITEM(ref, 1);
+        v = PyTuple_GET_ITEM(ref, 2);
+    } else if (PyList_CheckExact(ref) && PyList_GET_SIZE(ref) == 3) {
+        page = PyList_GET_ITEM(ref, 0);
+        slot = PyList_GET_ITEM(ref, 1);
+        v = PyList_GET_ITEM(ref, 2);
+    } else {
+        goto slow;
+    }
+    if (v == st->has_ttl || Py_TYPE(v) == (PyTypeObject *)st->frozen)
+        goto slow;
+    /* hold what the table held: a write from another thread may replace
+       the entry while a tick is taken (it cannot while this runs under the
+       GIL, but PyIter_Next could in principle run Python code) */
+    Py_INCREF(page);
+    Py_INCREF(slot);
+    Py_INCREF(v);
+    PyObject *pstate = PyObject_GetAttr(page, s_pstate);
+    if (pstate == NULL)
+        goto fail;
+    long ps = PyLong_AsLong(pstate);
+    Py_DECREF(pstate);
+    if (ps == -1 && PyErr_Occurred())
+        goto fail;
+    if (ps == st->resident) {
+        PyObject *t = hit_tick(st);
+        if (t == NULL)
+            goto fail;
+        int rc = PyObject_SetAttr(page, s_stamp, t);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto fail;
+        Py_DECREF(page);
+        Py_DECREF(slot);
+        return v;
+    }
+    if (ps == st->slotted) {
+        /* policy="midpoint": only a young entry (stamp > 0) is hit here */
+        PyObject *stamps = PyObject_GetAttr(page, s_stamps);
+        if (stamps == NULL)
+            goto fail;
+        Py_ssize_t i = PyLong_AsSsize_t(slot);
+        if (!PyList_CheckExact(stamps) || i < 0 || i >= PyList_GET_SIZE(stamps)) {
+            PyErr_Clear();
+            Py_DECREF(stamps);
+            goto release_slow;
+        }
+        PyObject *old = PyList_GET_ITEM(stamps, i);
+        long long stamp = PyLong_CheckExact(old) ? PyLong_AsLongLong(old) : 0;
+        if (stamp == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        if (stamp <= 0) {
+            Py_DECREF(stamps);
+            goto release_slow;
+        }
+        PyObject *t = hit_tick(st);
+        if (t == NULL) {
+            Py_DECREF(stamps);
+            goto fail;
+        }
+        int rc = PyList_SetItem(stamps, i, t);  /* steals t */
+        Py_DECREF(stamps);
+        if (rc < 0)
+            goto fail;
+        Py_DECREF(page);
+        Py_DECREF(slot);
+        return v;
+    }
+release_slow:
+    Py_DECREF(page);
+    Py_DECREF(slot);
+    Py_DECREF(v);
+slow:
+    return hit_slow(st, args, (size_t)nargsf, kwnames);
+fail:
+    Py_DECREF(page);
+    Py_DECREF(slot);
+    Py_DECREF(v);
+    return NULL;
+}
+
+static PyMethodDef hit_get_def = {
+    "get", (PyCFunction)(void (*)(void))hit_get, METH_FASTCALL | METH_KEYWORDS,
+    "get(key, default=None)\n--\n\nCache.get (the memory hit in C; see durablekv/cache.py).",
+};
+
+static PyObject *
+py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "hit_getter takes 9 arguments");
+        return NULL;
+    }
+    if (!PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "hit_getter: the page table must be a dict");
+        return NULL;
+    }
+    if (!PyType_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "hit_getter: frozen must be a type");
+        return NULL;
+    }
+    long resident = PyLong_AsLong(args[6]), slotted = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    HitState *st = PyObject_GC_New(HitState, &HitStateType);
+    if (st == NULL)
+        return NULL;
+    PyObject **fields[] = {&st->cache, &st->table, &st->ticks, &st->open, &st->has_ttl,
+                           &st->frozen, &st->slow};
+    int which[] = {0, 1, 2, 3, 4, 5, 8};
+    for (int i = 0; i < 7; i++) {
+        *fields[i] = args[which[i]];
+        Py_INCREF(args[which[i]]);
+    }
+    st->resident = resident;
+    st->slotted = slotted;
+    PyObject_GC_Track(st);
+    PyObject *fn = PyCFunction_New(&hit_get_def, (PyObject *)st);
+    Py_DECREF(st);
+    return fn;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, seed=0) -> int: zlib.crc32."},
+    {"hit_getter", (PyCFunction)(void (*)(void))py_hit_getter, METH_FASTCALL,
+     "hit_getter(cache, table, ticks, open, has_ttl, frozen, resident, slotted, slow) -> "
+     "get(key, default=None): Cache.get's memory hit in C, else slow(cache, ...)."},
     {"encode_record", (PyCFunction)(void (*)(void))py_encode_record, METH_FASTCALL,
      "encode_record(lsn, op, key, value, expire_at) -> bytes: one replay-log record."},
     {"write_record", (PyCFunction)(void (*)(void))py_write_record, METH_FASTCALL,
@@ -713,12 +964,21 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "durablekv._native",
-    "C kernels for the replay log and page blobs (see durablekv._accel).", -1, methods,
+    "C kernels for the replay log, page blobs and the memory hit (see durablekv._accel).", -1,
+    methods,
 };
 
 PyMODINIT_FUNC
 PyInit__native(void)
 {
     crc_init();
+    if (PyType_Ready(&HitStateType) < 0)
+        return NULL;
+    s_state = PyUnicode_InternFromString("_state");
+    s_pstate = PyUnicode_InternFromString("state");
+    s_stamp = PyUnicode_InternFromString("stamp");
+    s_stamps = PyUnicode_InternFromString("stamps");
+    if (!s_state || !s_pstate || !s_stamp || !s_stamps)
+        return NULL;
     return PyModule_Create(&moduledef);
 }

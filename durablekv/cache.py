@@ -74,8 +74,15 @@ from .stores.sqlitefile import STORE_FILE
 from .writeback import WriteBack
 from .warm import WarmRestart
 from .writes import WritePath
+from ._accel import native as _native
 
 __all__ = ["Cache"]
+
+#: The C memory hit (durablekv/_native.c hit_getter) each open cache installs
+#: as its ``get``; None runs the Python one (no extension, DURABLEKV_PURE, or
+#: a free-threaded build: the lock-free hit relies on the GIL).
+_HIT_GETTER = (_native.hit_getter if _native is not None
+               and not sysconfig.get_config_var("Py_GIL_DISABLED") else None)
 
 log = logging.getLogger("durablekv")
 
@@ -434,6 +441,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             log.info("recovered %d log records in %.3f s for %s", recovered,
                      self.recovery_seconds, self.path)
         _open_caches[id(self)] = self
+        if _HIT_GETTER is not None and type(self).get is Cache.get:
+            # get's memory hit without a Python frame: the same steps as
+            # get below, any other case handed to it. A subclass that
+            # overrides get keeps its own. Dropped at close (_teardown).
+            self.get = _HIT_GETTER(self, self._table, self._ticks, _OPEN, HAS_TTL,
+                                   _Frozen, RESIDENT, SLOTTED, Cache.get)
         self._warm_start()  # a thread: open does not wait for it
 
 
@@ -456,7 +469,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         lookup, whose entry holds the value (kept in step by every write),
         and an LRU touch of the page. Anything else takes the lock: a key whose
         page is not resident is found through the SQLite key index and its
-        page is faulted in (a ``store`` hit).
+        page is faulted in (a ``store`` hit). With the C extension an open
+        cache's ``get`` is its C twin (``durablekv._native.hit_getter``): the
+        same memory hit with no Python frame, every other case handed here.
 
         :raises TypeError: ``key`` has an unsupported type (as a dict would for
             an unhashable key).
