@@ -27,7 +27,7 @@ __all__ = ["Acceleration", "accelerated", "native", "pure_kernels"]
 
 #: The kernels the extension provides, by the name :class:`Acceleration` lists.
 KERNELS = ("log_record", "segment_parse", "recovery_decode", "page_decode", "page_encode",
-           "memory_hit")
+           "memory_hit", "overwrite")
 
 
 class Acceleration:
@@ -40,7 +40,9 @@ class Acceleration:
         ``page_decode`` (decode a page blob at a page fault),
         ``page_encode`` (encode a page blob at a flush), ``memory_hit``
         (``Cache.get``'s lock-free memory hit, installed per open cache;
-        not on a free-threaded build).
+        not on a free-threaded build), ``overwrite`` (``Cache.set``'s
+        overwrite of a resident entry, likewise; safe codec, durability
+        ``log`` or ``none``).
     :ivar reason: why the pure-Python code runs (``""`` when it does not):
         ``DURABLEKV_PURE`` was set, or the extension failed to import (the
         error's text, e.g. when it was not built for lack of a compiler).
@@ -94,7 +96,7 @@ def _switches() -> list[tuple[ModuleType, str, object]]:
     from .stores import pageformat
     if native is None:
         return []
-    return [(cache, "_HIT_GETTER", cache._HIT_GETTER),
+    return [(cache, "_HIT_GETTER", cache._HIT_GETTER), (cache, "_HOT_SETTER", cache._HOT_SETTER),
             (codec, "_native", native), (logsegments, "_native", native),
             (pageformat, "_native", native), (replaylog, "_WRITE_RECORD", native.write_record),
             (replaylog, "_WRITE_BYTES_RECORD", native.write_bytes_record),

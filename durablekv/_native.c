@@ -753,10 +753,15 @@ static PyTypeObject HitStateType = {
 
 /* slow(cache, *args, **kwargs) */
 static PyObject *
-hit_slow(HitState *st, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+call_slow(PyObject *cache, PyObject *slow, PyObject *const *args, size_t nargsf,
+          PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    if (cache == NULL) {  /* only after the collector cleared the state */
+        PyErr_SetString(PyExc_RuntimeError, "this durablekv cache method outlived its cache");
+        return NULL;
+    }
     PyObject *small[8];
     PyObject **stack = small;
     if (total + 1 > 8) {
@@ -764,10 +769,10 @@ hit_slow(HitState *st, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         if (stack == NULL)
             return PyErr_NoMemory();
     }
-    stack[0] = st->cache;
+    stack[0] = cache;
     for (Py_ssize_t i = 0; i < total; i++)
         stack[i + 1] = args[i];
-    PyObject *r = PyObject_Vectorcall(st->slow, stack, (size_t)(nargs + 1), kwnames);
+    PyObject *r = PyObject_Vectorcall(slow, stack, (size_t)(nargs + 1), kwnames);
     if (stack != small)
         PyMem_Free(stack);
     return r;
@@ -877,7 +882,7 @@ release_slow:
     Py_DECREF(slot);
     Py_DECREF(v);
 slow:
-    return hit_slow(st, args, (size_t)nargsf, kwnames);
+    return call_slow(st->cache, st->slow, args, (size_t)nargsf, kwnames);
 fail:
     Py_DECREF(page);
     Py_DECREF(slot);
@@ -926,6 +931,388 @@ py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     return fn;
 }
 
+/* ---------------------------------------------------------------- overwrite
+ *
+ * hot_setter(cache, tier, log, table, dirty, ticks, lock, open, has_ttl,
+ *            resident, write_seam, max_key_bytes, slow)
+ * -> a callable set(key, value) that Cache installs as its instance's ``set``
+ * (durability "log" or "none"): the hot path of Cache.set (durablekv/cache.py)
+ * in C, for an overwrite of a live entry in a resident page that is already
+ * dirty, with an ASCII str key and a bytes value, the log appending into its
+ * mapped segment. It checks every condition first, under the cache's lock,
+ * and changes nothing unless all hold; then the same steps as the Python
+ * hot path, in the same order (the record into the mapping, the LSN, the
+ * slot, the entry, the byte counts, the version, the LRU tick, the count).
+ * Anything else calls ``slow``, the Python Cache.set, with the same
+ * arguments: it grows or rolls the log, dirties a clean page, waits for
+ * back-pressure, and raises every error.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cache, *tier, *log, *table, *dirty, *ticks, *lock, *open, *has_ttl,
+             *seam, *slow;
+    long resident;
+    Py_ssize_t max_key_bytes;
+} SetState;
+
+static PyObject *s_pending, *s_max_pending, *s_max_value, *s_page_bytes_limit, *s_max_bytes,
+                *s_last_lsn_c, *s_mm, *s_size, *s_segment_bytes, *s_write, *s_last_start,
+                *s_last_lsn, *s_values, *s_nbytes, *s_resident_bytes, *s_version,
+                *s_dirty_lsn, *s_page_id, *s_locked_ticks, *s_sets, *s_acquire, *s_release;
+
+static int
+set_traverse(SetState *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->cache); Py_VISIT(self->tier); Py_VISIT(self->log); Py_VISIT(self->table);
+    Py_VISIT(self->dirty); Py_VISIT(self->ticks); Py_VISIT(self->lock); Py_VISIT(self->open);
+    Py_VISIT(self->has_ttl); Py_VISIT(self->seam); Py_VISIT(self->slow);
+    return 0;
+}
+
+static int
+set_clear(SetState *self)
+{
+    Py_CLEAR(self->cache); Py_CLEAR(self->tier); Py_CLEAR(self->log); Py_CLEAR(self->table);
+    Py_CLEAR(self->dirty); Py_CLEAR(self->ticks); Py_CLEAR(self->lock); Py_CLEAR(self->open);
+    Py_CLEAR(self->has_ttl); Py_CLEAR(self->seam); Py_CLEAR(self->slow);
+    return 0;
+}
+
+static void
+set_dealloc(SetState *self)
+{
+    PyObject_GC_UnTrack(self);
+    set_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyTypeObject SetStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "durablekv._native.SetState",
+    .tp_basicsize = sizeof(SetState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)set_traverse,
+    .tp_clear = (inquiry)set_clear,
+    .tp_dealloc = (destructor)set_dealloc,
+};
+
+/* obj.name as a C integer; -1 with an error set when it is not one. */
+static int
+attr_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    if (!PyLong_CheckExact(v)) {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_TypeError, "not an int");
+        return -1;
+    }
+    *out = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* obj.name = value (a C integer); -1 with an error set. */
+static int
+set_ssize(PyObject *obj, PyObject *name, Py_ssize_t value)
+{
+    PyObject *v = PyLong_FromSsize_t(value);
+    if (v == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* 1: every condition of the hot path holds (the record stored at *offset,
+ * *size bytes, nothing else changed yet); 0: it does not (nothing changed);
+ * -1: an error. The lock is held. */
+static int
+set_check_and_log(SetState *st, PyObject *key, PyObject *value, PyObject *page, Py_ssize_t nbytes,
+                  Py_ssize_t lsn, const char *kdata, Py_ssize_t klen)
+{
+    Py_ssize_t a, b;
+    PyObject *v = PyObject_GetAttr(page, s_pstate);
+    if (v == NULL)
+        return -1;
+    long ps = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (ps != st->resident)
+        return PyErr_Occurred() ? -1 : 0;
+    if (attr_ssize(page, s_nbytes, &a) < 0 || attr_ssize(st->tier, s_page_bytes_limit, &b) < 0)
+        return -1;
+    if (a + nbytes > b)
+        return 0;
+    v = PyObject_GetAttr(st->tier, s_max_bytes);
+    if (v == NULL)
+        return -1;
+    Py_DECREF(v);
+    if (v != Py_None)
+        return 0;
+    /* the page is dirty already: becoming dirty (its time, the batcher's
+       kick) is left to the Python path */
+    PyObject *pid = PyObject_GetAttr(page, s_page_id);
+    if (pid == NULL)
+        return -1;
+    int in = PyDict_Contains(st->dirty, pid);
+    Py_DECREF(pid);
+    if (in <= 0)
+        return in;
+    if (st->log == Py_None)
+        return 1;
+    /* the log: appending into its mapping, no roll due, the write seam
+       untouched (fault-injection tests replace it) */
+    PyObject *seam = PyObject_GetAttr((PyObject *)Py_TYPE(st->log), s_write);
+    if (seam == NULL)
+        return -1;
+    Py_DECREF(seam);
+    if (seam != st->seam)
+        return 0;
+    if (attr_ssize(st->log, s_size, &a) < 0 || attr_ssize(st->log, s_segment_bytes, &b) < 0)
+        return -1;
+    if (a >= b)
+        return 0;
+    PyObject *mm = PyObject_GetAttr(st->log, s_mm);
+    if (mm == NULL)
+        return -1;
+    if (mm == Py_None) {
+        Py_DECREF(mm);
+        return 0;
+    }
+    Py_ssize_t vlen = PyBytes_GET_SIZE(value);
+    Py_ssize_t size = HSIZE + PSIZE + 5 + klen + 5 + vlen;
+    Py_buffer view;
+    if (PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(mm);
+        return -1;
+    }
+    Py_DECREF(mm);
+    if (a > view.len || view.len - a < size) {
+        PyBuffer_Release(&view);
+        return 0;  /* the mapping must grow: the Python path does it */
+    }
+    /* the key's encoding: b"s" + u32(len) + its UTF-8 (ASCII here) */
+    unsigned char kstack[256];
+    unsigned char *kb = klen + 5 <= (Py_ssize_t)sizeof kstack ? kstack : PyMem_Malloc((size_t)klen + 5);
+    if (kb == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_NoMemory();
+        return -1;
+    }
+    kb[0] = 's';
+    put_u32(kb + 1, (uint32_t)klen);
+    memcpy(kb + 5, kdata, (size_t)klen);
+    build_record((unsigned char *)view.buf + a, (uint64_t)lsn, 1 /* OP_SET */, Py_NAN,
+                 (const char *)kb, klen + 5, PyBytes_AS_STRING(value), vlen, 1);
+    if (kb != kstack)
+        PyMem_Free(kb);
+    PyBuffer_Release(&view);
+    if (set_ssize(st->log, s_last_start, a) < 0 || set_ssize(st->log, s_size, a + size) < 0 ||
+            set_ssize(st->log, s_last_lsn, lsn) < 0)
+        return -1;
+    return 1;
+}
+
+/* Add ``delta`` to obj.name. */
+static int
+add_ssize(PyObject *obj, PyObject *name, Py_ssize_t delta)
+{
+    Py_ssize_t v;
+    if (attr_ssize(obj, name, &v) < 0)
+        return -1;
+    return set_ssize(obj, name, v + delta);
+}
+
+static PyObject *
+hot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames)
+{
+    SetState *st = (SetState *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != 2 || st->cache == NULL)
+        return call_slow(st->cache, st->slow, args, (size_t)nargsf, kwnames);
+    PyObject *key = args[0], *value = args[1];
+    if (!PyUnicode_CheckExact(key) || !PyUnicode_IS_ASCII(key) || !PyBytes_CheckExact(value))
+        goto slow;
+    Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
+    if (klen + 5 > st->max_key_bytes)
+        goto slow;
+    Py_ssize_t maxv;
+    if (attr_ssize(st->cache, s_max_value, &maxv) < 0) {
+        PyErr_Clear();
+        goto slow;
+    }
+    if (PyBytes_GET_SIZE(value) > maxv)
+        goto slow;
+    Py_ssize_t nbytes = klen + 5 + PyBytes_GET_SIZE(value) + 5;
+    PyObject *r = PyObject_CallMethodNoArgs(st->lock, s_acquire);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    int ok = 0;
+    PyObject *ref = NULL;
+    PyObject *state = PyObject_GetAttr(st->cache, s_state);
+    if (state == NULL)
+        goto error;
+    Py_DECREF(state);
+    if (state != st->open)
+        goto release;
+    Py_ssize_t pending, maxp;
+    if (attr_ssize(st->tier, s_pending, &pending) < 0 ||
+            attr_ssize(st->cache, s_max_pending, &maxp) < 0)
+        goto error;
+    if (pending >= maxp)
+        goto release;
+    ref = PyDict_GetItemWithError(st->table, key);
+    if (ref == NULL) {
+        if (PyErr_Occurred())
+            goto error;
+        goto release;
+    }
+    Py_INCREF(ref);
+    int is_list = PyList_CheckExact(ref);
+    if (!(is_list || PyTuple_CheckExact(ref)) || Py_SIZE(ref) != 3)
+        goto release;
+    PyObject *page = is_list ? PyList_GET_ITEM(ref, 0) : PyTuple_GET_ITEM(ref, 0);
+    PyObject *slot = is_list ? PyList_GET_ITEM(ref, 1) : PyTuple_GET_ITEM(ref, 1);
+    PyObject *old = is_list ? PyList_GET_ITEM(ref, 2) : PyTuple_GET_ITEM(ref, 2);
+    if (old == st->has_ttl)
+        goto release;
+    PyObject *values = PyObject_GetAttr(page, s_values);
+    if (values == NULL)
+        goto error;
+    Py_ssize_t i = PyLong_AsSsize_t(slot);
+    int values_ok = PyList_CheckExact(values) && i >= 0 && i < PyList_GET_SIZE(values);
+    PyErr_Clear();
+    if (!values_ok) {
+        Py_DECREF(values);
+        goto release;
+    }
+    Py_ssize_t last;
+    if (attr_ssize(st->cache, s_last_lsn_c, &last) < 0) {
+        Py_DECREF(values);
+        goto error;
+    }
+    Py_ssize_t lsn = last + 1;
+    int go = set_check_and_log(st, key, value, page, nbytes, lsn,
+                               (const char *)PyUnicode_DATA(key), klen);
+    if (go <= 0) {
+        Py_DECREF(values);
+        if (go < 0)
+            goto error;
+        goto release;
+    }
+    /* From here on the record is in the log: the steps below must all be
+       taken (they fail only on memory exhaustion, when the cache fails as
+       the Python path's would). */
+    if (set_ssize(st->cache, s_last_lsn_c, lsn) < 0)
+        goto error_values;
+    Py_INCREF(value);
+    PyList_SetItem(values, i, value);
+    Py_DECREF(values);
+    if (is_list) {
+        Py_INCREF(value);
+        PyList_SetItem(ref, 2, value);
+    } else {
+        PyObject *entry = PyList_New(3);
+        if (entry == NULL)
+            goto error;
+        Py_INCREF(page); PyList_SET_ITEM(entry, 0, page);
+        Py_INCREF(slot); PyList_SET_ITEM(entry, 1, slot);
+        Py_INCREF(value); PyList_SET_ITEM(entry, 2, value);
+        int rc = PyDict_SetItem(st->table, key, entry);
+        Py_DECREF(entry);
+        if (rc < 0)
+            goto error;
+    }
+    if (add_ssize(page, s_nbytes, nbytes) < 0 || add_ssize(st->tier, s_resident_bytes, nbytes) < 0 ||
+            add_ssize(page, s_version, 1) < 0)
+        goto error;
+    PyObject *dl = PyObject_GetAttr(page, s_dirty_lsn);
+    if (dl == NULL)
+        goto error;
+    Py_DECREF(dl);
+    if (dl == Py_None && set_ssize(page, s_dirty_lsn, lsn) < 0)
+        goto error;
+    PyObject *t = PyIter_Next(st->ticks);
+    if (t == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "the LRU clock stopped");
+        goto error;
+    }
+    int rc = PyObject_SetAttr(page, s_stamp, t);
+    Py_DECREF(t);
+    if (rc < 0 || add_ssize(st->tier, s_locked_ticks, 1) < 0 || add_ssize(st->cache, s_sets, 1) < 0)
+        goto error;
+    ok = 1;
+    goto release;
+error_values:
+    Py_DECREF(values);
+error:
+    Py_XDECREF(ref);
+    {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *rr = PyObject_CallMethodNoArgs(st->lock, s_release);
+        Py_XDECREF(rr);
+        PyErr_Restore(et, ev, tb);
+    }
+    return NULL;
+release:
+    Py_XDECREF(ref);
+    r = PyObject_CallMethodNoArgs(st->lock, s_release);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    if (ok)
+        Py_RETURN_NONE;
+slow:
+    {
+        PyObject *stack[3] = {st->cache, args[0], args[1]};
+        return PyObject_Vectorcall(st->slow, stack, 3, NULL);
+    }
+}
+
+static PyMethodDef hot_set_def = {
+    "set", (PyCFunction)(void (*)(void))hot_set, METH_FASTCALL | METH_KEYWORDS,
+    "set(key, value, expire=None, *, tag=None)\n--\n\n"
+    "Cache.set (an overwrite of a resident entry in C; see durablekv/cache.py).",
+};
+
+static PyObject *
+py_hot_setter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "hot_setter takes 13 arguments");
+        return NULL;
+    }
+    if (!PyDict_CheckExact(args[3]) || !PyDict_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "hot_setter: the page table and dirty map must be dicts");
+        return NULL;
+    }
+    long resident = PyLong_AsLong(args[9]);
+    Py_ssize_t maxk = PyLong_AsSsize_t(args[11]);
+    if (PyErr_Occurred())
+        return NULL;
+    SetState *st = PyObject_GC_New(SetState, &SetStateType);
+    if (st == NULL)
+        return NULL;
+    PyObject **fields[] = {&st->cache, &st->tier, &st->log, &st->table, &st->dirty, &st->ticks,
+                           &st->lock, &st->open, &st->has_ttl, &st->seam, &st->slow};
+    int which[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12};
+    for (int i = 0; i < 11; i++) {
+        *fields[i] = args[which[i]];
+        Py_INCREF(args[which[i]]);
+    }
+    st->resident = resident;
+    st->max_key_bytes = maxk;
+    PyObject_GC_Track(st);
+    PyObject *fn = PyCFunction_New(&hot_set_def, (PyObject *)st);
+    Py_DECREF(st);
+    return fn;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -933,6 +1320,10 @@ static PyMethodDef methods[] = {
     {"hit_getter", (PyCFunction)(void (*)(void))py_hit_getter, METH_FASTCALL,
      "hit_getter(cache, table, ticks, open, has_ttl, frozen, resident, slotted, slow) -> "
      "get(key, default=None): Cache.get's memory hit in C, else slow(cache, ...)."},
+    {"hot_setter", (PyCFunction)(void (*)(void))py_hot_setter, METH_FASTCALL,
+     "hot_setter(cache, tier, log, table, dirty, ticks, lock, open, has_ttl, resident, "
+     "write_seam, max_key_bytes, slow) -> set(key, value): Cache.set's overwrite of a "
+     "resident entry in C, else slow(cache, ...)."},
     {"encode_record", (PyCFunction)(void (*)(void))py_encode_record, METH_FASTCALL,
      "encode_record(lsn, op, key, value, expire_at) -> bytes: one replay-log record."},
     {"write_record", (PyCFunction)(void (*)(void))py_write_record, METH_FASTCALL,
@@ -972,8 +1363,20 @@ PyMODINIT_FUNC
 PyInit__native(void)
 {
     crc_init();
-    if (PyType_Ready(&HitStateType) < 0)
+    if (PyType_Ready(&HitStateType) < 0 || PyType_Ready(&SetStateType) < 0)
         return NULL;
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+    INTERN(s_pending, "pending"); INTERN(s_max_pending, "max_pending_pages");
+    INTERN(s_max_value, "max_value_bytes"); INTERN(s_page_bytes_limit, "page_bytes_limit");
+    INTERN(s_max_bytes, "max_bytes"); INTERN(s_last_lsn_c, "_last_lsn"); INTERN(s_mm, "_mm");
+    INTERN(s_size, "_size"); INTERN(s_segment_bytes, "segment_bytes"); INTERN(s_write, "_write");
+    INTERN(s_last_start, "_last_start"); INTERN(s_last_lsn, "_last_lsn");
+    INTERN(s_values, "values"); INTERN(s_nbytes, "nbytes");
+    INTERN(s_resident_bytes, "resident_bytes"); INTERN(s_version, "version");
+    INTERN(s_dirty_lsn, "dirty_lsn"); INTERN(s_page_id, "page_id");
+    INTERN(s_locked_ticks, "locked_ticks"); INTERN(s_sets, "_sets");
+    INTERN(s_acquire, "acquire"); INTERN(s_release, "release");
+#undef INTERN
     s_state = PyUnicode_InternFromString("_state");
     s_pstate = PyUnicode_InternFromString("state");
     s_stamp = PyUnicode_InternFromString("stamp");

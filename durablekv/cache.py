@@ -83,6 +83,10 @@ __all__ = ["Cache"]
 #: a free-threaded build: the lock-free hit relies on the GIL).
 _HIT_GETTER = (_native.hit_getter if _native is not None
                and not sysconfig.get_config_var("Py_GIL_DISABLED") else None)
+#: The C overwrite (durablekv/_native.c hot_setter) each open cache installs
+#: as its ``set`` (safe codec, durability "log" or "none"); None: the Python one.
+_HOT_SETTER = (_native.hot_setter if _native is not None
+               and not sysconfig.get_config_var("Py_GIL_DISABLED") else None)
 
 log = logging.getLogger("durablekv")
 
@@ -447,6 +451,15 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             # overrides get keeps its own. Dropped at close (_teardown).
             self.get = _HIT_GETTER(self, self._table, self._ticks, _OPEN, HAS_TTL,
                                    _Frozen, RESIDENT, SLOTTED, Cache.get)
+        if _HOT_SETTER is not None and type(self).set is Cache.set and \
+                self._codec.name == "safe" and not self._sync_writes and \
+                (self._log is None or type(self._log) is ReplayLog):
+            # set's overwrite of a resident entry without a Python frame: the
+            # hot path of set below, every other case handed to it; dropped
+            # at close as get's is.
+            self.set = _HOT_SETTER(self, self._tier, self._log, self._table, self._tier.dirty,
+                                   self._ticks, self._lock, _OPEN, HAS_TTL, RESIDENT,
+                                   ReplayLog._write, MAX_KEY_BYTES, Cache.set)
         self._warm_start()  # a thread: open does not wait for it
 
 

@@ -78,7 +78,8 @@ class Lifecycle:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._state = _FORKED
-        self.__dict__.pop("get", None)  # the C memory hit (see Cache.__init__)
+        self.__dict__.pop("get", None)  # the C memory hit and overwrite (Cache.__init__)
+        self.__dict__.pop("set", None)
         for part in (self._store, self._log, self._batcher):
             if part is not None:
                 _immortal(part)
@@ -128,9 +129,11 @@ class Lifecycle:
             _release_dir_lock(self._lock_fd)
             self._lock_fd = None
         self._state = _CLOSED
-        # The C memory hit holds the cache (see Cache.__init__): dropping it
-        # ends that cycle, and a later get is Cache.get, which raises.
+        # The C memory hit and overwrite hold the cache (see Cache.__init__):
+        # dropping them ends that cycle, and a later call is the Python one,
+        # which raises.
         self.__dict__.pop("get", None)
+        self.__dict__.pop("set", None)
 
     def _refuse_copy(self, what: str) -> TypeError:
         return TypeError(

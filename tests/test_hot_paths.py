@@ -1,0 +1,277 @@
+"""Cache.get's memory hit and Cache.set's overwrite in C
+(durablekv/_native.c ``hit_getter``, ``hot_setter``).
+
+An open cache installs them as its ``get`` and ``set`` when the extension
+runs. The getter takes the plain memory hit (no TTL, page resident, or a
+young entry under ``policy="midpoint"``); the setter the overwrite of a
+live entry in a resident, already dirty page with an ASCII str key and a
+bytes value, appended into the mapped log. Every other case goes to the
+Python ``Cache.get`` / ``Cache.set``. These tests check that a cache with
+them and a cache without them answer every call the same, write the same
+log bytes, count the same hits and keep the same LRU order and page
+bookkeeping, and that neither outlives the cache's open state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import durablekv
+from durablekv import Cache, CacheClosedError, _accel
+
+native_only = pytest.mark.skipif(not durablekv.accelerated,
+                                 reason="needs the C kernels and the Python code in one process")
+
+
+def _c_getter(cache: Cache) -> bool:
+    return "get" in vars(cache)
+
+
+def _c_setter(cache: Cache) -> bool:
+    return "set" in vars(cache)
+
+
+@native_only
+def test_an_open_cache_gets_through_the_c_hit_and_drops_it_at_close(tmp_path):
+    c = Cache(str(tmp_path / "c"))
+    assert _c_getter(c) and type(c.get).__name__ == "builtin_function_or_method"
+    assert _c_setter(c) and type(c.set).__name__ == "builtin_function_or_method"
+    c["a"] = b"1"
+    held, held_set = c.get, c.set
+    c.close()
+    assert not _c_getter(c) and not _c_setter(c)
+    # taken while open, they keep working as Cache.get/set do: they raise
+    with pytest.raises(CacheClosedError):
+        held("a")
+    with pytest.raises(CacheClosedError):
+        held_set("a", b"2")
+    with pytest.raises(CacheClosedError):
+        c.get("a")
+
+
+@native_only
+def test_a_dropped_getter_and_cache_are_collected(tmp_path):
+    """The getter's state is tracked by the cycle collector: a cache and a
+    getter taken from it, both dropped, are freed."""
+    c = Cache(str(tmp_path / "c"))
+    c["a"] = b"1"
+    held = c.get
+    c.close()
+    refs = weakref.ref(c)
+    del c, held
+    gc.collect()
+    assert refs() is None
+
+
+def test_the_pure_kernels_install_no_c_hit(tmp_path):
+    with _accel.pure_kernels():
+        c = Cache(str(tmp_path / "c"))
+    try:
+        assert not _c_getter(c)
+        c["a"] = b"1"
+        assert c.get("a") == b"1"
+    finally:
+        c.close()
+
+
+def test_a_subclass_that_overrides_get_keeps_it(tmp_path):
+    class Counting(Cache):
+        calls = 0
+
+        def get(self, key, default=None):
+            Counting.calls += 1
+            return super().get(key, default)
+
+    c = Counting(str(tmp_path / "c"))
+    try:
+        c["a"] = b"1"
+        assert c.get("a") == b"1" and c["a"] == b"1"
+        assert Counting.calls == 2
+    finally:
+        c.close()
+
+
+@native_only
+def test_arguments_and_errors_are_cache_gets(tmp_path):
+    c = Cache(str(tmp_path / "c"))
+    try:
+        c["a"] = b"1"
+        assert c.get("a", 5) == b"1" and c.get("b", 5) == 5
+        assert c.get(key="a") == b"1" and c.get("b", default=7) == 7
+        with pytest.raises(TypeError, match="unsupported key type"):
+            c.get(["unhashable"])
+        with pytest.raises(TypeError):
+            c.get()
+        with pytest.raises(TypeError):
+            c.get("a", 1, 2)
+        with pytest.raises(KeyError):
+            c["b"]
+    finally:
+        c.close()
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["get", "get", "get", "set", "set_ttl", "delete",
+                                           "flush"]),
+                          st.integers(0, 40), st.integers(0, 3)),
+                min_size=1, max_size=120)
+
+
+def _run(c: Cache, ops, values) -> list:
+    out = []
+    for op, k, v in ops:
+        key = f"k{k}"
+        if op == "get":
+            out.append(c.get(key, "missing"))
+            out.append(_recency(c))  # the LRU order after each get
+        elif op == "set":
+            c[key] = values[v]
+        elif op == "set_ttl":
+            c.set(key, values[v], expire=3600)
+        elif op == "delete":
+            out.append(c.delete(key))
+        else:
+            c.flush()
+    return out
+
+
+def _recency(c: Cache) -> dict:
+    """Each page's recency stamps in memory: the page's own, and its
+    entries' under midpoint (the LRU order, tick for tick)."""
+    pages = {ref[0].page_id: ref[0] for ref in c._table.values()}
+    return {pid: (p.stamp, tuple(getattr(p, "stamps", ()))) for pid, p in pages.items()}
+
+
+@native_only
+@pytest.mark.parametrize("policy", ["lru", "midpoint"])
+@pytest.mark.parametrize("serializer", ["safe", "pickle"])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_ops)
+def test_the_c_hit_and_the_python_get_agree(tmp_path_factory, policy, serializer, ops):
+    """Same answers, same hit and fault counts, same LRU order after every
+    get; a tier of
+    2 pages of 4 so that pages leave memory and come back."""
+    values = [b"v0", b"v1" * 20, [1, {"a": 2}], 3.5]  # a list: kept frozen
+    root = tmp_path_factory.mktemp("agree")
+    kw = dict(page_size=4, max_pages=2, policy=policy, serializer=serializer)
+    native = Cache(str(root / "n"), **kw)
+    with _accel.pure_kernels():
+        pure = Cache(str(root / "p"), **kw)
+    try:
+        assert _c_getter(native) and not _c_getter(pure)
+        got_n = _run(native, ops, values)
+        with _accel.pure_kernels():
+            got_p = _run(pure, ops, values)
+        assert got_n == got_p
+        sn, sp = native.stats(), pure.stats()
+        for field in ("memory_hits", "store_hits", "misses", "page_faults", "evictions"):
+            assert getattr(sn, field) == getattr(sp, field), field
+    finally:
+        native.close()
+        with _accel.pure_kernels():
+            pure.close()
+
+
+@native_only
+@pytest.mark.parametrize("kw", [dict(), dict(serializer="pickle"), dict(durability="fsync")])
+def test_the_c_overwrite_is_installed_only_where_its_steps_are_sets(tmp_path, kw):
+    c = Cache(str(tmp_path / "c"), **kw)
+    try:
+        assert _c_setter(c) == (kw == {})
+    finally:
+        c.close()
+
+
+@native_only
+def test_set_arguments_and_errors_are_cache_sets(tmp_path):
+    c = Cache(str(tmp_path / "c"), max_value_bytes=1000)
+    try:
+        c["a"] = b"1"
+        c.flush()
+        c.set("a", b"2")
+        c.set("a", b"3")  # the page is dirty: the C overwrite
+        assert c["a"] == b"3"
+        with pytest.raises(ValueError, match="max_value_bytes"):
+            c.set("a", b"x" * 1001)
+        with pytest.raises(TypeError):
+            c.set(["unhashable"], b"1")
+        with pytest.raises(TypeError):
+            c.set("a")
+        c.set("a", b"4", expire=60)
+        c.set(key="a", value=b"5")
+        assert c["a"] == b"5"
+        with pytest.raises(TypeError, match="tag"):
+            c.set("a", b"6", tag="t")
+        assert c["a"] == b"5"
+    finally:
+        c.close()
+
+
+def _log_bytes(c: Cache) -> bytes:
+    log = c._log
+    if log._mm is not None:
+        return bytes(log._mm[:log._size])
+    with open(log._path, "rb") as f:
+        return f.read()
+
+
+def _pages(c: Cache) -> dict:
+    pages = {ref[0].page_id: ref[0] for ref in c._table.values()}
+    return {pid: (p.nbytes, p.version, p.dirty_lsn, p.stamp, list(p.values))
+            for pid, p in pages.items()}
+
+
+_set_ops = st.lists(st.tuples(st.sampled_from(["set", "set", "set", "set", "get", "set_ttl",
+                                               "delete", "flush", "big"]),
+                              st.sampled_from(["k0", "k1", "k2", "k3", "k4", "k5", "k6",
+                                               "ключ", "k" * 40]),
+                              st.integers(0, 3)),
+                    min_size=1, max_size=150)
+
+
+@native_only
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_set_ops)
+def test_the_c_overwrite_and_the_python_set_agree(tmp_path_factory, ops):
+    """Same log bytes, LSNs, page bookkeeping (bytes, version, first dirty
+    LSN, LRU stamp, slots), counts and answers, after every call."""
+    values = [b"v0", b"v1" * 30, b"", b"v3" * 200]
+    root = tmp_path_factory.mktemp("sets")
+    kw = dict(page_size=4, max_pages=3, max_value_bytes=500, clock=lambda: 1.7e9)
+    native = Cache(str(root / "n"), **kw)
+    with _accel.pure_kernels():
+        pure = Cache(str(root / "p"), **kw)
+    caches = ((native, contextlib.nullcontext), (pure, _accel.pure_kernels))
+    try:
+        assert _c_setter(native) and not _c_setter(pure)
+        for op, key, v in ops:
+            seen = []
+            for c, mode in caches:
+                with mode():
+                    if op == "set":
+                        c.set(key, values[v])
+                    elif op == "big":
+                        with pytest.raises(ValueError):
+                            c.set(key, b"x" * 501)
+                    elif op == "get":
+                        seen.append(c.get(key))
+                    elif op == "set_ttl":
+                        c.set(key, values[v], expire=3600)
+                    elif op == "delete":
+                        seen.append(c.delete(key))
+                    else:
+                        c.flush()
+                    seen.append((c._last_lsn, _log_bytes(c), _pages(c), c.stats().sets,
+                                 c._tier.resident_bytes, c._tier.locked_ticks))
+            assert seen[:len(seen) // 2] == seen[len(seen) // 2:], op
+    finally:
+        native.close()
+        with _accel.pure_kernels():
+            pure.close()
