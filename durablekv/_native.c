@@ -1313,6 +1313,564 @@ py_hot_setter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     return fn;
 }
 
+/* --------------------------------------------------- recovery: Records */
+
+/* A Records object is a sequence of parsed, CRC-checked log records that
+ * makes no Python object per record until one is asked for: each item is a
+ * pointer to the record's header in a bytes object the Records keeps alive
+ * (index_segment copies the parsed region of a segment into one). Indexing
+ * gives the (lsn, op, key, value, expire_at) tuple parse_segment makes, so
+ * code written for a list of tuples reads it unchanged; recovery's bulk
+ * steps (reduce, decode_keys, memory_forms, ...) read the bytes in place.
+ * Why: at recovery, a tuple, an int and two bytes objects per record, all
+ * freed once each key's last record is picked, were about half its time. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *owners;                /* tuple of the bytes objects pointed into */
+    const unsigned char **recs;      /* each record's header */
+    Py_ssize_t n;
+} RecordsObject;
+
+static PyTypeObject Records_Type;
+
+static inline uint64_t rec_lsn(const unsigned char *r) { return get_u64(r + 8); }
+static inline unsigned rec_op(const unsigned char *r) { return r[HSIZE]; }
+static inline double rec_exp(const unsigned char *r) { return get_f64(r + HSIZE + 1); }
+static inline uint32_t rec_klen(const unsigned char *r) { return get_u32(r + HSIZE + 9); }
+static inline const unsigned char *rec_key(const unsigned char *r) { return r + HSIZE + PSIZE; }
+static inline Py_ssize_t rec_vlen(const unsigned char *r)
+{
+    return (Py_ssize_t)get_u32(r) - PSIZE - (Py_ssize_t)rec_klen(r);
+}
+static inline const unsigned char *rec_value(const unsigned char *r) { return rec_key(r) + rec_klen(r); }
+
+/* A new Records of n (uninitialised) items keeping ``owners`` alive. */
+static RecordsObject *
+records_new(PyObject *owners, Py_ssize_t n)
+{
+    RecordsObject *self = PyObject_New(RecordsObject, &Records_Type);
+    if (self == NULL)
+        return NULL;
+    self->recs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(*self->recs));
+    if (self->recs == NULL) {
+        self->owners = NULL;
+        Py_DECREF(self);
+        return (RecordsObject *)PyErr_NoMemory();
+    }
+    Py_INCREF(owners);
+    self->owners = owners;
+    self->n = n;
+    return self;
+}
+
+static void
+records_dealloc(RecordsObject *self)
+{
+    PyMem_Free((void *)self->recs);
+    Py_XDECREF(self->owners);
+    PyObject_Free(self);
+}
+
+static Py_ssize_t
+records_len(RecordsObject *self)
+{
+    return self->n;
+}
+
+static PyObject *
+expire_obj(double exp)
+{
+    if (isnan(exp))
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(exp);
+}
+
+/* The record's tuple, as parse_segment makes it. */
+static PyObject *
+record_tuple(const unsigned char *r)
+{
+    uint32_t klen = rec_klen(r);
+    const char *k = (const char *)rec_key(r);
+    return Py_BuildValue("(Kiy#y#N)", (unsigned long long)rec_lsn(r), (int)rec_op(r),
+                         k, (Py_ssize_t)klen, k + klen, rec_vlen(r), expire_obj(rec_exp(r)));
+}
+
+static PyObject *
+records_item(RecordsObject *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "Records index out of range");
+        return NULL;
+    }
+    return record_tuple(self->recs[i]);
+}
+
+static PyObject *
+records_subscript(RecordsObject *self, PyObject *item)
+{
+    if (PyIndex_Check(item)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred())
+            return NULL;
+        if (i < 0)
+            i += self->n;
+        return records_item(self, i);
+    }
+    if (!PySlice_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "Records indices must be integers or slices, not %.200s",
+                     Py_TYPE(item)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(item, &start, &stop, &step) < 0)
+        return NULL;
+    Py_ssize_t len = PySlice_AdjustIndices(self->n, &start, &stop, step);
+    RecordsObject *out = records_new(self->owners, len);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0, i = start; j < len; j++, i += step)
+        out->recs[j] = self->recs[i];
+    return (PyObject *)out;
+}
+
+/* index_segment(data, pos) -> (records, pos, stopped): parse_segment, but
+ * the records are a Records over a copy of the bytes parsed. */
+static PyObject *
+py_index_segment(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*n:index_segment", &buf, &pos))
+        return NULL;
+    const unsigned char *d = buf.buf;
+    Py_ssize_t size = buf.len, cap = 1024, n = 0;
+    Py_ssize_t *offs = PyMem_Malloc((size_t)cap * sizeof(*offs));
+    if (offs == NULL) {
+        PyBuffer_Release(&buf);
+        return PyErr_NoMemory();
+    }
+    if (pos < 0)
+        pos = 0;
+    Py_ssize_t start = pos;
+    uint32_t last_n = 0, seed = 0;
+    int have_seed = 0, stopped = 0;
+    /* the same checks, in the same order, as parse_segment */
+    while (pos < size) {
+        if (pos + HSIZE > size) { stopped = 1; break; }
+        const unsigned char *r = d + pos;
+        uint32_t len = get_u32(r), crc = get_u32(r + 4);
+        if (len < PSIZE || (uint64_t)len > MAX_RECORD) { stopped = 1; break; }
+        Py_ssize_t end = pos + HSIZE + (Py_ssize_t)len;
+        if (end > size) { stopped = 1; break; }
+        if (!have_seed || len != last_n) {
+            seed = crc32_update(0, r, 4);
+            last_n = len;
+            have_seed = 1;
+        }
+        if (crc32_update(seed, r + 8, (size_t)len + 8) != crc) { stopped = 1; break; }
+        unsigned op = r[HSIZE];
+        uint32_t klen = get_u32(r + HSIZE + 9);
+        if (op < 1 || op > 3 || (uint64_t)PSIZE + klen > len) { stopped = 1; break; }
+        if (n == cap) {
+            cap *= 2;
+            Py_ssize_t *more = PyMem_Realloc(offs, (size_t)cap * sizeof(*offs));
+            if (more == NULL) {
+                PyMem_Free(offs);
+                PyBuffer_Release(&buf);
+                return PyErr_NoMemory();
+            }
+            offs = more;
+        }
+        offs[n++] = pos - start;
+        pos = end;
+    }
+    PyObject *copy = PyBytes_FromStringAndSize((const char *)d + start, pos - start);
+    PyBuffer_Release(&buf);
+    PyObject *owners = copy ? PyTuple_Pack(1, copy) : NULL;
+    Py_XDECREF(copy);
+    RecordsObject *recs = owners ? records_new(owners, n) : NULL;
+    Py_XDECREF(owners);
+    if (recs == NULL) {
+        PyMem_Free(offs);
+        return NULL;
+    }
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(copy);
+    for (Py_ssize_t i = 0; i < n; i++)
+        recs->recs[i] = base + offs[i];
+    PyMem_Free(offs);
+    return Py_BuildValue("(NnO)", recs, pos, stopped ? Py_True : Py_False);
+}
+
+/* Records.join(iterable of Records) -> Records: them all, in order. */
+static PyObject *
+records_join(PyObject *Py_UNUSED(cls), PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "Records.join needs an iterable of Records");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq), total = 0, nown = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        if (!PyObject_TypeCheck(items[j], &Records_Type)) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_TypeError, "Records.join needs an iterable of Records");
+            return NULL;
+        }
+        total += ((RecordsObject *)items[j])->n;
+        nown += PyTuple_GET_SIZE(((RecordsObject *)items[j])->owners);
+    }
+    PyObject *owners = PyTuple_New(nown);
+    if (owners == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t j = 0, o = 0; j < m; j++) {
+        PyObject *own = ((RecordsObject *)items[j])->owners;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(own); k++, o++) {
+            Py_INCREF(PyTuple_GET_ITEM(own, k));
+            PyTuple_SET_ITEM(owners, o, PyTuple_GET_ITEM(own, k));
+        }
+    }
+    RecordsObject *out = records_new(owners, total);
+    Py_DECREF(owners);
+    if (out != NULL) {
+        Py_ssize_t i = 0;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            RecordsObject *r = (RecordsObject *)items[j];
+            memcpy((void *)(out->recs + i), r->recs, (size_t)r->n * sizeof(*r->recs));
+            i += r->n;
+        }
+    }
+    Py_DECREF(seq);
+    return (PyObject *)out;
+}
+
+/* lsns_step_by_one() -> bool: each LSN is the one before it plus one. */
+static PyObject *
+records_lsns_step_by_one(RecordsObject *self, PyObject *Py_UNUSED(ignored))
+{
+    for (Py_ssize_t i = 1; i < self->n; i++)
+        if (rec_lsn(self->recs[i]) != rec_lsn(self->recs[i - 1]) + 1)
+            Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
+/* A 64-bit hash of a key's bytes (FNV-1a, 8 bytes a step, then a
+ * murmur3 finaliser so that the low bits the table uses are mixed). */
+static inline uint64_t
+key_hash(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        h = (h ^ *p++) * 0x100000001b3ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h;
+}
+
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t last;     /* index of the key's last record */
+    int deleted;         /* a delete of the key was seen */
+} key_entry;
+
+/* reduce() -> (finals, first, fresh, has_deletes)
+ *
+ * What recovery's _replay works out from a list of records (in LSN order):
+ * ``first``, the position after the last clear (0 when there is none); of
+ * the records from there on, ``finals``: each key's last record, keyed by its
+ * logged bytes, in LSN order (a Records); ``fresh``: the positions in
+ * ``finals`` of keys with a delete among those records; ``has_deletes``:
+ * whether there is a delete among them at all. */
+static PyObject *
+records_reduce(RecordsObject *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_ssize_t n = self->n, first = 0;
+    for (Py_ssize_t i = n - 1; i >= 0; i--)
+        if (rec_op(self->recs[i]) == 3) {
+            first = i + 1;
+            break;
+        }
+    Py_ssize_t m = n - first, cap = 16;
+    while (cap < 2 * m)
+        cap <<= 1;
+    Py_ssize_t *slots = PyMem_Malloc((size_t)cap * sizeof(*slots));
+    key_entry *entries = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(*entries));
+    Py_ssize_t *last_of = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(*last_of));
+    PyObject *fresh = NULL, *result = NULL;
+    RecordsObject *finals = NULL;
+    if (slots == NULL || entries == NULL || last_of == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memset(slots, 0xFF, (size_t)cap * sizeof(*slots));   /* -1: empty */
+    Py_ssize_t nkeys = 0, nfinal = 0;
+    int has_deletes = 0;
+    size_t mask = (size_t)cap - 1;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        const unsigned char *r = self->recs[first + j];
+        const unsigned char *k = rec_key(r);
+        uint32_t klen = rec_klen(r);
+        uint64_t h = key_hash(k, klen);
+        size_t s = (size_t)h & mask;
+        Py_ssize_t e;
+        for (;;) {
+            e = slots[s];
+            if (e < 0) {
+                e = slots[s] = nkeys++;
+                entries[e].hash = h;
+                entries[e].last = -1;
+                entries[e].deleted = 0;
+                break;
+            }
+            if (entries[e].hash == h) {
+                const unsigned char *o = self->recs[first + entries[e].last];
+                if (rec_klen(o) == klen && memcmp(rec_key(o), k, klen) == 0)
+                    break;
+            }
+            s = (s + 1) & mask;
+        }
+        if (entries[e].last >= 0)
+            last_of[entries[e].last] = -1;
+        else
+            nfinal++;
+        entries[e].last = j;
+        last_of[j] = e;
+        if (rec_op(r) == 2) {
+            entries[e].deleted = 1;
+            has_deletes = 1;
+        }
+    }
+    finals = records_new(self->owners, nfinal);
+    fresh = PyList_New(0);
+    if (finals == NULL || fresh == NULL)
+        goto done;
+    for (Py_ssize_t j = 0, f = 0; j < m; j++) {
+        if (last_of[j] < 0)
+            continue;
+        if (entries[last_of[j]].deleted) {
+            PyObject *ix = PyLong_FromSsize_t(f);
+            if (ix == NULL || PyList_Append(fresh, ix) < 0) {
+                Py_XDECREF(ix);
+                goto done;
+            }
+            Py_DECREF(ix);
+        }
+        finals->recs[f++] = self->recs[first + j];
+    }
+    result = Py_BuildValue("(OnOO)", finals, first, fresh,
+                           has_deletes ? Py_True : Py_False);
+done:
+    PyMem_Free(slots);
+    PyMem_Free(entries);
+    PyMem_Free(last_of);
+    Py_XDECREF(finals);
+    Py_XDECREF(fresh);
+    return result;
+}
+
+/* take(indices) -> Records: the items at those positions, in that order. */
+static PyObject *
+records_take(RecordsObject *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "take needs a sequence of int");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    RecordsObject *out = records_new(self->owners, m);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        Py_ssize_t i = PyNumber_AsSsize_t(items[j], PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred())
+            goto fail;
+        if (i < 0)
+            i += self->n;
+        if (i < 0 || i >= self->n) {
+            PyErr_SetString(PyExc_IndexError, "Records index out of range");
+            goto fail;
+        }
+        out->recs[j] = self->recs[i];
+    }
+    Py_DECREF(seq);
+    return (PyObject *)out;
+fail:
+    Py_DECREF(seq);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+/* decode_keys(decode_key) -> (keys, others): codec.decode_keys of the
+ * records' keys; str and int64 keys decoded here, any other by decode_key. */
+static PyObject *
+records_decode_keys(RecordsObject *self, PyObject *slow)
+{
+    Py_ssize_t n = self->n;
+    PyObject *keys = PyList_New(n), *others = PyList_New(0);
+    if (keys == NULL || others == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *p = rec_key(self->recs[i]);
+        Py_ssize_t len = rec_klen(self->recs[i]);
+        PyObject *key = NULL;
+        int other = 0;
+        if (len >= 5 && p[0] == 's' && (Py_ssize_t)get_u32(p + 1) == len - 5) {
+            key = PyUnicode_DecodeUTF8((const char *)p + 5, len - 5, "surrogatepass");
+            if (key == NULL)
+                goto fail;
+        } else if (len == 9 && p[0] == 'q') {
+            key = PyLong_FromLongLong((long long)get_u64(p + 1));
+            if (key == NULL)
+                goto fail;
+            other = 1;
+        } else {
+            PyObject *b = PyBytes_FromStringAndSize((const char *)p, len);
+            if (b == NULL)
+                goto fail;
+            key = PyObject_CallOneArg(slow, b);
+            Py_DECREF(b);
+            if (key == NULL)
+                goto fail;
+            other = !PyBytes_CheckExact(key) && !PyUnicode_CheckExact(key);
+        }
+        PyList_SET_ITEM(keys, i, key);
+        if (other) {
+            PyObject *ix = PyLong_FromSsize_t(i);
+            if (ix == NULL || PyList_Append(others, ix) < 0) {
+                Py_XDECREF(ix);
+                goto fail;
+            }
+            Py_DECREF(ix);
+        }
+    }
+    return Py_BuildValue("(NN)", keys, others);
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(others);
+    return NULL;
+}
+
+/* memory_forms(slow) -> list: memory_forms of the records' values. */
+static PyObject *
+records_memory_forms(RecordsObject *self, PyObject *slow)
+{
+    Py_ssize_t n = self->n;
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *p = rec_value(self->recs[i]);
+        Py_ssize_t len = rec_vlen(self->recs[i]);
+        PyObject *v;
+        if (len >= 5 && p[0] == 'b' && (Py_ssize_t)get_u32(p + 1) == len - 5) {
+            v = PyBytes_FromStringAndSize((const char *)p + 5, len - 5);
+        } else {
+            PyObject *b = PyBytes_FromStringAndSize((const char *)p, len);
+            v = b ? PyObject_CallOneArg(slow, b) : NULL;
+            Py_XDECREF(b);
+        }
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+/* column(name) -> list: one field of every record: "lsn", "op", "key"
+ * (bytes), "value" (bytes), "expire_at" (float or None), or "nbytes" (key
+ * and value lengths added: an entry's encoded size). */
+static PyObject *
+records_column(RecordsObject *self, PyObject *arg)
+{
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    int which = !name ? -1 : !strcmp(name, "lsn") ? 0 : !strcmp(name, "op") ? 1 :
+                !strcmp(name, "key") ? 2 : !strcmp(name, "value") ? 3 :
+                !strcmp(name, "expire_at") ? 4 : !strcmp(name, "nbytes") ? 5 : -1;
+    if (which < 0) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "no column %R", arg);
+        return NULL;
+    }
+    PyObject *out = PyList_New(self->n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < self->n; i++) {
+        const unsigned char *r = self->recs[i];
+        PyObject *o;
+        switch (which) {
+        case 0: o = PyLong_FromUnsignedLongLong(rec_lsn(r)); break;
+        case 1: o = PyLong_FromLong(rec_op(r)); break;
+        case 2: o = PyBytes_FromStringAndSize((const char *)rec_key(r), rec_klen(r)); break;
+        case 3: o = PyBytes_FromStringAndSize((const char *)rec_value(r), rec_vlen(r)); break;
+        case 4: o = expire_obj(rec_exp(r)); break;
+        default: o = PyLong_FromSsize_t((Py_ssize_t)rec_klen(r) + rec_vlen(r)); break;
+        }
+        if (o == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, o);
+    }
+    return out;
+}
+
+static PyMethodDef records_methods[] = {
+    {"join", (PyCFunction)records_join, METH_O | METH_CLASS,
+     "Records.join(iterable of Records) -> Records: them all, in order."},
+    {"lsns_step_by_one", (PyCFunction)records_lsns_step_by_one, METH_NOARGS,
+     "lsns_step_by_one() -> bool: each LSN is the one before it plus one."},
+    {"reduce", (PyCFunction)records_reduce, METH_NOARGS,
+     "reduce() -> (finals, first, fresh, has_deletes): each key's last record "
+     "after the last clear, in LSN order (see _native.c)."},
+    {"take", (PyCFunction)records_take, METH_O,
+     "take(indices) -> Records: the items at those positions."},
+    {"decode_keys", (PyCFunction)records_decode_keys, METH_O,
+     "decode_keys(decode_key) -> (keys, others): codec.decode_keys of the keys."},
+    {"memory_forms", (PyCFunction)records_memory_forms, METH_O,
+     "memory_forms(slow) -> list: memory forms of the values (bytes unwrapped)."},
+    {"column", (PyCFunction)records_column, METH_O,
+     "column(name) -> list: lsn, op, key, value, expire_at or nbytes of each record."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods records_as_sequence = {
+    .sq_length = (lenfunc)records_len,
+    .sq_item = (ssizeargfunc)records_item,
+};
+
+static PyMappingMethods records_as_mapping = {
+    .mp_length = (lenfunc)records_len,
+    .mp_subscript = (binaryfunc)records_subscript,
+};
+
+static PyTypeObject Records_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "durablekv._native.Records",
+    .tp_basicsize = sizeof(RecordsObject),
+    .tp_dealloc = (destructor)records_dealloc,
+    .tp_as_sequence = &records_as_sequence,
+    .tp_as_mapping = &records_as_mapping,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Parsed replay-log records, read in place: items are (lsn, op, key, value, "
+              "expire_at) tuples made on access (see index_segment).",
+    .tp_methods = records_methods,
+};
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -1344,6 +1902,9 @@ static PyMethodDef methods[] = {
      "decode_keys(blobs, decode_key) -> (keys, others)."},
     {"memory_forms", py_memory_forms, METH_VARARGS,
      "memory_forms(blobs, slow) -> list of memory forms (bytes values unwrapped)."},
+    {"index_segment", py_index_segment, METH_VARARGS,
+     "index_segment(data, pos) -> (Records, pos, stopped): parse_segment without a "
+     "Python object per record."},
     {"page_columns", py_page_columns, METH_O,
      "page_columns(blob) -> (slots, expires, flags, keys, values), or None when the "
      "Python code must decide."},
@@ -1363,7 +1924,8 @@ PyMODINIT_FUNC
 PyInit__native(void)
 {
     crc_init();
-    if (PyType_Ready(&HitStateType) < 0 || PyType_Ready(&SetStateType) < 0)
+    if (PyType_Ready(&HitStateType) < 0 || PyType_Ready(&SetStateType) < 0 ||
+            PyType_Ready(&Records_Type) < 0)
         return NULL;
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_pending, "pending"); INTERN(s_max_pending, "max_pending_pages");
@@ -1383,5 +1945,14 @@ PyInit__native(void)
     s_stamps = PyUnicode_InternFromString("stamps");
     if (!s_state || !s_pstate || !s_stamp || !s_stamps)
         return NULL;
-    return PyModule_Create(&moduledef);
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&Records_Type);
+    if (PyModule_AddObject(m, "Records", (PyObject *)&Records_Type) < 0) {
+        Py_DECREF(&Records_Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -57,7 +57,7 @@ import stat
 import struct
 import zlib
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from ._accel import native as _native
 
@@ -172,14 +172,18 @@ def read_segment(path: str) -> tuple[list[LogRecord], int, _Damage | None, int]:
     return list(map(LogRecord._make, records)), good_end, damage, len(data)
 
 
-def _parse_segment(data: bytes, pos: int | None = None
-                   ) -> tuple[list[tuple], int, _Damage | None]:
+def _parse_segment(data: bytes, pos: int | None = None, compact: bool = False
+                   ) -> tuple[Any, int, _Damage | None]:
     """Parse records from ``pos`` (default: after the magic) to the first
     damage: ``(records, good_end, damage or None)``, as :func:`_py_parse_segment`.
 
     The C kernel, where it runs, takes every record the Python parser would
     take; at the first one it refuses, the Python parser describes the
     damage, so the errors are the same either way.
+
+    ``compact``: with the C kernels, ``records`` is a ``_native.Records``
+    (see :func:`join_records`) instead of a list: the same tuples on
+    indexing and iteration, but none made until asked for.
     """
     if _native is None:
         return _py_parse_segment(data, pos)
@@ -188,11 +192,12 @@ def _parse_segment(data: bytes, pos: int | None = None
         if len(data) < len(MAGIC) or data[:len(MAGIC)] != MAGIC:
             return _py_parse_segment(data, pos)
         start = len(MAGIC)
-    records, end, stopped = _native.parse_segment(data, start)
+    parse = _native.index_segment if compact else _native.parse_segment
+    records, end, stopped = parse(data, start)
     if not stopped:
         return records, end, None
     more, end, damage = _py_parse_segment(data, end)
-    return records + more, end, damage
+    return (records if not more else [*records, *more]), end, damage
 
 
 def _py_parse_segment(data: bytes, pos: int | None = None
@@ -274,6 +279,38 @@ def _py_parse_segment(data: bytes, pos: int | None = None
             pos = end
             end += rsize
     return records, pos, None
+
+
+def is_compact(records: Sequence[tuple]) -> bool:
+    """Whether ``records`` is a ``_native.Records`` (not a list)."""
+    return type(records) is not list
+
+
+def lsns_step_by_one(records: Sequence[tuple]) -> bool:
+    """Whether each record's LSN is the one before it plus one."""
+    if is_compact(records):
+        return records.lsns_step_by_one()  # type: ignore[attr-defined]
+    first = records[0][0] if records else 0
+    return list(map(_LSN_OF, records)) == list(range(first, first + len(records)))
+
+
+def join_records(chunks: list[Sequence[tuple]]) -> Sequence[tuple]:
+    """The records of ``chunks`` (lists of tuples or ``_native.Records``) in
+    order: one ``_native.Records`` when every chunk is one, else a list.
+
+    A ``_native.Records`` reads records in place in copies of the segments'
+    bytes: ``len``, indexing (a tuple, or a ``Records`` for a slice) and
+    iteration give what the list would; its bulk methods (``reduce``,
+    ``decode_keys``, ``memory_forms``, ``column``, ``take``, see
+    ``_native.c``) are what recovery uses instead of making a tuple, an int
+    and two bytes objects per record only to free most of them.
+    """
+    if chunks and not any(type(c) is list for c in chunks):
+        return type(chunks[0]).join(chunks)  # type: ignore[attr-defined]
+    out: list[tuple] = []
+    for c in chunks:
+        out += c
+    return out
 
 
 def _record_offset(records: list[tuple], runs: list[tuple[int, int]], index: int) -> int:
@@ -463,7 +500,8 @@ def is_unused_end(data: bytes, good_end: int) -> bool:
 
 
 def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
-                 first_lsn: int | None = None, resume: Position | None = None) -> SegmentScan:
+                 first_lsn: int | None = None, resume: Position | None = None,
+                 compact: bool = False) -> SegmentScan:
     """Parse a segment's bytes as recovery does, given the checkpoint ``after_lsn``.
 
     ``next_segment`` is the path of the segment after this one (None for the
@@ -488,9 +526,12 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
     parsing starts at its end, as if the record there were the segment's
     first: the records before it are all in the store. Otherwise the whole
     segment is parsed and ``resume_refused`` says why.
+
+    ``compact``: ``records`` may be a ``_native.Records`` (see
+    :func:`_parse_segment`) when one run holds them all; a list otherwise.
     """
     global parsed_records
-    records: list[tuple] = []
+    records: Sequence[tuple] = []
     runs: list[tuple[int, int]] = []
     stepped: list[tuple[_Damage, int | None, str]] = []
     pos: int | None = None
@@ -514,10 +555,10 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
         return None
 
     while True:
-        recs, good_end, damage = _parse_segment(data, pos)
+        recs, good_end, damage = _parse_segment(data, pos, compact)
         parsed_records += len(recs)
         runs.append((len(MAGIC) if pos is None else pos, len(recs)))
-        records += recs
+        records = recs if not records else [*records, *recs]
         if damage is None:
             return scan(None, good_end, False)
         try:
@@ -547,12 +588,15 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
 
 
 def scan_segment_file(path: str, after_lsn: int, next_segment: str | None,
-                      resume: Position | None = None) -> tuple[SegmentScan, int]:
+                      resume: Position | None = None, compact: bool = False
+                      ) -> tuple[SegmentScan, int]:
     """:func:`scan_segment` of the segment file ``path`` (memory-mapped, see
-    :func:`map_segment`): ``(scan, file size)``."""
+    :func:`map_segment`): ``(scan, file size)``. A compact ``records`` holds
+    a copy of the bytes it parsed, not the mapping."""
     data = map_segment(path)
     try:
-        return scan_segment(data, after_lsn, next_segment, _first_lsn_of(path), resume), len(data)
+        return (scan_segment(data, after_lsn, next_segment, _first_lsn_of(path), resume,
+                             compact), len(data))
     finally:
         unmap_segment(data)
 

@@ -18,7 +18,7 @@ import contextlib
 import gc
 import operator
 from itertools import count
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from . import codec as _codec
 from .config import _MISSING, _REAL_MONOTONIC
@@ -85,13 +85,23 @@ class Recovery:
         with self._lock, _gc_paused():
             lsn, last_lsn = records[0][0], records[-1][0]
             now = _REAL_MONOTONIC[0]()
-            ops = list(map(_OP_OF, records))
-            if OP_CLEAR in ops:
-                at = len(ops) - 1 - ops[::-1].index(OP_CLEAR)
-                self._apply_clear(records[at][0])
-                records, ops = records[at + 1:], ops[at + 1:]
-            if records:
-                self._replay_keys(records, OP_DELETE in ops, lsn, now)
+            if type(records) is list:
+                ops = list(map(_OP_OF, records))
+                if OP_CLEAR in ops:
+                    at = len(ops) - 1 - ops[::-1].index(OP_CLEAR)
+                    self._apply_clear(records[at][0])
+                    records, ops = records[at + 1:], ops[at + 1:]
+                if records:
+                    self._replay_keys(records, OP_DELETE in ops, lsn, now)
+            else:
+                # A _native.Records (the C kernels): the same steps, worked
+                # out in C over the log's bytes (see _native.c, reduce).
+                finals, first, fresh, has_deletes = records.reduce()
+                if first:
+                    self._apply_clear(records[first - 1][0])
+                    records = records[first:]
+                if records:
+                    self._replay_keys(records, has_deletes, lsn, now, (finals, fresh))
             self._last_lsn = last_lsn
             self._absent = _MISSING
             if len(self._tier.dirty) >= self.flush_batch_pages:
@@ -113,28 +123,43 @@ class Recovery:
         return LogCorruptionError(path, offset, f"the records from LSN {records[0][0]} cannot "
                                   f"be replayed: {exc}")
 
-    def _replay_keys(self, records: list[tuple], has_deletes: bool, lsn: int,
-                     now: float) -> None:
-        """:meth:`_replay` for records with no clear among them (lock held)."""
-        # The last record of each key, by its logged bytes, in LSN order.
-        final = dict(zip(map(_KEY_OF, records), records))
-        recs = list(final.values())
-        if len(recs) < len(records):
-            recs.sort()  # by LSN: the order one-by-one replay leaves the LRU in
-        kbs = list(map(_KEY_OF, recs))
-        keys, others = _codec.decode_keys(kbs)
-        # A key whose last set follows a delete is stored anew (a new key
-        # object), not updated in place.
-        fresh: set[int] = set()
-        if has_deletes:
-            deleted = {r[2] for r in records if r[1] == OP_DELETE}
-            fresh = {i for i, kb in enumerate(kbs) if kb in deleted}
+    def _replay_keys(self, records: Sequence[tuple], has_deletes: bool, lsn: int,
+                     now: float, reduced: tuple[Any, list[int]] | None = None) -> None:
+        """:meth:`_replay` for records with no clear among them (lock held).
+
+        ``reduced``: for a ``_native.Records``, ``(finals, fresh)`` from its
+        ``reduce()``; the final records then stay a ``_native.Records`` (no
+        tuple made per record) until a step needs a list.
+        """
+        recs: Any
+        if reduced is None:
+            # The last record of each key, by its logged bytes, in LSN order.
+            final = dict(zip(map(_KEY_OF, records), records))
+            recs = list(final.values())
+            if len(recs) < len(records):
+                recs.sort()  # by LSN: the order one-by-one replay leaves the LRU in
+            kbs = list(map(_KEY_OF, recs))
+            keys, others = _codec.decode_keys(kbs)
+            # A key whose last set follows a delete is stored anew (a new key
+            # object), not updated in place.
+            fresh: set[int] = set()
+            if has_deletes:
+                deleted = {r[2] for r in records if r[1] == OP_DELETE}
+                fresh = {i for i, kb in enumerate(kbs) if kb in deleted}
+        else:
+            recs, fresh_at = reduced
+            fresh = set(fresh_at)
+            keys, others = recs.decode_keys(_codec.decode_key)
+            kbs = None  # made below only where a step needs them
+        # Which keys may be in the store now (memory holds nothing yet).
+        nowhere = self._clear_pending or (self._filter.ready and self._filter.added == 0)
+        if kbs is None and (others or not nowhere):
+            kbs = recs.column("key")
         cks = kbs  # a str or bytes key's encoding is its canonical key
         if others:
             recs, keys, cks, fresh = self._merge_equal_keys(records, recs, keys, kbs, others,
                                                             fresh)
-        # Which keys are in the store now (memory holds nothing yet).
-        if self._clear_pending or (self._filter.ready and self._filter.added == 0):
+        if nowhere:
             located: dict[bytes, int] = {}  # a new or cleared store: nothing is
         elif self._filter.ready:
             f = self._filter
@@ -142,6 +167,7 @@ class Recovery:
         else:
             located = self._store.locate_keys(cks)
         if located:
+            recs = list(recs)  # (_replay_into_pages replaces some)
             new: list[int] = []
             by_page: dict[int, list[int]] = {}
             for i, ck in enumerate(cks):
@@ -155,9 +181,10 @@ class Recovery:
         else:
             new = list(range(len(recs)))
         if has_deletes:  # a delete of a key that is nowhere does nothing
-            new = [i for i in new if recs[i][1] == OP_SET]
+            ops = list(map(_OP_OF, recs)) if type(recs) is list else recs.column("op")
+            new = [i for i in new if ops[i] == OP_SET]
         if len(new) < len(recs):
-            recs = [recs[i] for i in new]
+            recs = [recs[i] for i in new] if type(recs) is list else recs.take(new)
             keys = [keys[i] for i in new]
         self._insert_new_keys(recs, keys, lsn, now)
 
@@ -174,6 +201,7 @@ class Recovery:
         merged = [g for g in groups.values() if len(g) > 1]
         if not merged:
             return recs, keys, cks, fresh
+        recs = list(recs)  # (a _native.Records is read-only)
         group_of = {kbs[i]: n for n, g in enumerate(merged) for i in g}
         first_set: list[bytes | None] = [None] * len(merged)
         had_delete = [False] * len(merged)
@@ -258,18 +286,30 @@ class Recovery:
                 if tier.per_entry:
                     tier.settle(target)  # (nothing changed it: what came in for it leaves)
 
-    def _insert_new_keys(self, recs: list[tuple], keys: list[Any], lsn: int,
+    def _insert_new_keys(self, recs: Sequence[tuple], keys: list[Any], lsn: int,
                          now: float) -> None:
         """Insert keys that are nowhere yet with their final sets (lock held;
         back-pressure between batches of pages). They enter the key filter
-        when a flush stores them (:meth:`flush_done`), not here."""
+        when a flush stores them (:meth:`flush_done`), not here.
+
+        :param recs: a list of record tuples or a ``_native.Records``."""
         if not recs:
             return
         tier = self._tier
-        held = self._codec.memory_forms_from_blobs(map(_VALUE_OF, recs))
-        expires = list(map(_EXPIRE_OF, recs))
-        nbytes = list(map(operator.add, map(len, map(_KEY_OF, recs)),
-                          map(len, map(_VALUE_OF, recs))))
+        codec = self._codec
+        if type(recs) is list:
+            held = codec.memory_forms_from_blobs(map(_VALUE_OF, recs))
+            expires = list(map(_EXPIRE_OF, recs))
+            nbytes = list(map(operator.add, map(len, map(_KEY_OF, recs)),
+                              map(len, map(_VALUE_OF, recs))))
+        else:
+            if type(codec).memory_forms_from_blobs is _codec.SafeCodec.memory_forms_from_blobs:
+                # what SafeCodec's C kernel does, read from the log's bytes
+                held = recs.memory_forms(codec.memory_form_from_blob)
+            else:
+                held = codec.memory_forms_from_blobs(recs.column("value"))
+            expires = recs.column("expire_at")
+            nbytes = recs.column("nbytes")
         self._filter_reserve(len(keys))
         pos = 0
         while pos < len(keys):

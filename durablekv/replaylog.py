@@ -67,14 +67,16 @@ import os
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Sequence
 
 from ._accel import native as _native
 from ._perms import FILE_MODE, replace_private_file
 from .errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
-from .logsegments import (MAGIC, POSITION_FILE, PREALLOC_ALIGN, _HEADER_PACK, _LEN_LSN_PACK, _LSN_OF,
+from .logsegments import (MAGIC, POSITION_FILE, PREALLOC_ALIGN, _HEADER_PACK, _LEN_LSN_PACK,
                           _NAN, _PAYLOAD_PACK, _crc32, _first_lsn_of, _record_offset,
-                          list_segments, read_position, read_segment, scan_segment_file,
-                          segment_name, start_gap_detail, Position)
+                          join_records, list_segments, lsns_step_by_one, read_position,
+                          read_segment, scan_segment_file, segment_name, start_gap_detail,
+                          Position)
 
 __all__ = ["ReplayLog", "RecoveryResult", "MAPPED_FS_TYPES", "mapped_append_refusal"]
 
@@ -148,7 +150,9 @@ class RecoveryResult:
 
     :ivar records: every intact record with LSN > the checkpoint, in LSN
         order, as plain ``(lsn, op, key, value, expire_at)`` tuples
-        (:class:`LogRecord`'s field order).
+        (:class:`LogRecord`'s field order): a list, or with the C kernels
+        usually a ``_native.Records`` that makes each tuple when it is read
+        (see :func:`~durablekv.logsegments.join_records`).
     :ivar torn_records: torn tails cut off (0 or 1).
     :ivar torn_bytes: bytes cut off with them.
     :ivar salvaged: segments that salvage gave up on (``salvage=True``
@@ -160,7 +164,7 @@ class RecoveryResult:
         Their records are lost; how many there were cannot be known.
     """
 
-    records: list[tuple]
+    records: Sequence[tuple]
     torn_records: int
     torn_bytes: int
     salvaged: list[str]
@@ -272,7 +276,7 @@ class ReplayLog:
             fsynced.
         """
         segments = list_segments(self.directory)
-        out: list[tuple] = []
+        out: list[Sequence[tuple]] = []  # the records kept, a chunk per segment
         torn = torn_bytes = 0
         salvaged: list[str] = []
         lost: tuple[int, str] = (0, "")  # where salvage gives up in salvaged[0], and why
@@ -287,8 +291,10 @@ class ReplayLog:
             # behind it is at or below the checkpoint, or follows the record
             # before it with no LSN in between, as behind a damaged segment
             # header) loses nothing: the scan steps over it.
+            # compact: with the C kernels, records are read in place, not made
+            # into tuples (see join_records)
             scan, size = scan_segment_file(path, after_lsn, None if last else segments[i + 1],
-                                           position if i == 0 else None)
+                                           position if i == 0 else None, compact=True)
             records, runs = scan.records, scan.runs
             if scan.resumed is not None:
                 self._saved_position = scan.resumed.lsn  # saves go on from there
@@ -337,13 +343,15 @@ class ReplayLog:
             first = records[0][0] if records else None
             # (the log's first record: at or below the store's next LSN)
             if records and (first == expect if expect is not None else
-                            first <= after_lsn + 1) and \
-                    list(map(_LSN_OF, records)) == list(range(first, first + len(records))):
+                            first <= after_lsn + 1) and lsns_step_by_one(records):
                 # The usual case, checked in C: this segment continues the
                 # previous one and its LSNs step by one.
                 expect = first + len(records)
-                out += records[max(0, after_lsn + 1 - first):]
+                out.append(records[max(0, after_lsn + 1 - first):])
             else:
+                records = list(records)  # (cut short below on a gap)
+                kept: list[tuple] = []
+                out.append(kept)
                 for j, r in enumerate(records):
                     lsn = r[0]
                     detail = None
@@ -364,7 +372,7 @@ class ReplayLog:
                         break
                     expect = lsn + 1
                     if lsn > after_lsn:
-                        out.append(r)
+                        kept.append(r)
             if salvaged:
                 # Not sealed: truncate_through must not delete it once the
                 # records kept from it are checkpointed; set_aside moves it.
@@ -377,7 +385,7 @@ class ReplayLog:
                 log.error("replay log %s is damaged at offset %d (%s): salvage applies the %d "
                           "records before it and gives up on the %d bytes from there to the "
                           "end of the log (stats().salvaged_bytes), moving %s aside",
-                          path, lost[0], lost[1], len(out), salvaged_bytes,
+                          path, lost[0], lost[1], sum(map(len, out)), salvaged_bytes,
                           ", ".join(map(os.path.basename, salvaged)))
                 break
             if os.path.exists(path):
@@ -390,7 +398,7 @@ class ReplayLog:
         if synced or torn:
             _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
-        return RecoveryResult(out, torn, torn_bytes, salvaged, salvaged_bytes)
+        return RecoveryResult(join_records(out), torn, torn_bytes, salvaged, salvaged_bytes)
 
     def _position_for(self, segments: list[str]) -> Position | None:
         """The saved checkpoint position when it names the first segment of
