@@ -934,24 +934,24 @@ py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
 /* ---------------------------------------------------------------- overwrite
  *
  * hot_setter(cache, tier, log, table, dirty, ticks, lock, open, has_ttl,
- *            resident, write_seam, max_key_bytes, slow)
+ *            resident, write_seam, max_key_bytes, slow, monotonic)
  * -> a callable set(key, value) that Cache installs as its instance's ``set``
  * (durability "log" or "none"): the hot path of Cache.set (durablekv/cache.py)
- * in C, for an overwrite of a live entry in a resident page that is already
- * dirty, with an ASCII str key and a bytes value, the log appending into its
+ * in C, for an overwrite of a live entry in a resident page, with an ASCII str key and a bytes value, the log appending into its
  * mapped segment. It checks every condition first, under the cache's lock,
  * and changes nothing unless all hold; then the same steps as the Python
  * hot path, in the same order (the record into the mapping, the LSN, the
- * slot, the entry, the byte counts, the version, the LRU tick, the count).
- * Anything else calls ``slow``, the Python Cache.set, with the same
- * arguments: it grows or rolls the log, dirties a clean page, waits for
- * back-pressure, and raises every error.
+ * slot, the entry, the byte counts, the version, the dirty map, the LRU
+ * tick, the count). ``monotonic`` is the clock dirty_since is read from
+ * (time.monotonic as imported, which clock-faking tests leave alone). Anything else calls ``slow``, the Python
+ * Cache.set, with the same arguments: it grows or rolls the log, waits for
+ * back-pressure, enforces max_memory_bytes, and raises every error.
  */
 
 typedef struct {
     PyObject_HEAD
     PyObject *cache, *tier, *log, *table, *dirty, *ticks, *lock, *open, *has_ttl,
-             *seam, *slow;
+             *seam, *slow, *monotonic;
     long resident;
     Py_ssize_t max_key_bytes;
 } SetState;
@@ -959,7 +959,8 @@ typedef struct {
 static PyObject *s_pending, *s_max_pending, *s_max_value, *s_page_bytes_limit, *s_max_bytes,
                 *s_last_lsn_c, *s_mm, *s_size, *s_segment_bytes, *s_write, *s_last_start,
                 *s_last_lsn, *s_values, *s_nbytes, *s_resident_bytes, *s_version,
-                *s_dirty_lsn, *s_page_id, *s_locked_ticks, *s_sets, *s_acquire, *s_release;
+                *s_dirty_lsn, *s_page_id, *s_locked_ticks, *s_sets, *s_acquire, *s_release,
+                *s_dirty_since, *s_flush_batch, *s_batcher, *s_kick;
 
 static int
 set_traverse(SetState *self, visitproc visit, void *arg)
@@ -967,6 +968,7 @@ set_traverse(SetState *self, visitproc visit, void *arg)
     Py_VISIT(self->cache); Py_VISIT(self->tier); Py_VISIT(self->log); Py_VISIT(self->table);
     Py_VISIT(self->dirty); Py_VISIT(self->ticks); Py_VISIT(self->lock); Py_VISIT(self->open);
     Py_VISIT(self->has_ttl); Py_VISIT(self->seam); Py_VISIT(self->slow);
+    Py_VISIT(self->monotonic);
     return 0;
 }
 
@@ -976,6 +978,7 @@ set_clear(SetState *self)
     Py_CLEAR(self->cache); Py_CLEAR(self->tier); Py_CLEAR(self->log); Py_CLEAR(self->table);
     Py_CLEAR(self->dirty); Py_CLEAR(self->ticks); Py_CLEAR(self->lock); Py_CLEAR(self->open);
     Py_CLEAR(self->has_ttl); Py_CLEAR(self->seam); Py_CLEAR(self->slow);
+    Py_CLEAR(self->monotonic);
     return 0;
 }
 
@@ -1026,12 +1029,13 @@ set_ssize(PyObject *obj, PyObject *name, Py_ssize_t value)
     return rc;
 }
 
-/* 1: every condition of the hot path holds (the record stored at *offset,
- * *size bytes, nothing else changed yet); 0: it does not (nothing changed);
- * -1: an error. The lock is held. */
+/* 1: every condition of the hot path holds and the record is in the log
+ * (*was_dirty: whether the page was dirty already; nothing else changed
+ * yet); 0: a condition does not hold (nothing changed); -1: an error. The
+ * lock is held. */
 static int
 set_check_and_log(SetState *st, PyObject *key, PyObject *value, PyObject *page, Py_ssize_t nbytes,
-                  Py_ssize_t lsn, const char *kdata, Py_ssize_t klen)
+                  Py_ssize_t lsn, const char *kdata, Py_ssize_t klen, int *was_dirty)
 {
     Py_ssize_t a, b;
     PyObject *v = PyObject_GetAttr(page, s_pstate);
@@ -1051,15 +1055,14 @@ set_check_and_log(SetState *st, PyObject *key, PyObject *value, PyObject *page, 
     Py_DECREF(v);
     if (v != Py_None)
         return 0;
-    /* the page is dirty already: becoming dirty (its time, the batcher's
-       kick) is left to the Python path */
     PyObject *pid = PyObject_GetAttr(page, s_page_id);
     if (pid == NULL)
         return -1;
     int in = PyDict_Contains(st->dirty, pid);
     Py_DECREF(pid);
-    if (in <= 0)
-        return in;
+    if (in < 0)
+        return -1;
+    *was_dirty = in;
     if (st->log == Py_None)
         return 1;
     /* the log: appending into its mapping, no roll due, the write seam
@@ -1113,6 +1116,42 @@ set_check_and_log(SetState *st, PyObject *key, PyObject *value, PyObject *page, 
             set_ssize(st->log, s_last_lsn, lsn) < 0)
         return -1;
     return 1;
+}
+
+/* The page joins the dirty pages: dirty[page_id] = page, its dirty_since
+ * (time.monotonic(), as the Python path reads it), and the batcher's kick
+ * when the batch is full. */
+static int
+set_dirty(SetState *st, PyObject *page)
+{
+    PyObject *pid = PyObject_GetAttr(page, s_page_id);
+    if (pid == NULL)
+        return -1;
+    int rc = PyDict_SetItem(st->dirty, pid, page);
+    Py_DECREF(pid);
+    if (rc < 0)
+        return -1;
+    PyObject *now = PyObject_CallNoArgs(st->monotonic);
+    if (now == NULL)
+        return -1;
+    rc = PyObject_SetAttr(page, s_dirty_since, now);
+    Py_DECREF(now);
+    if (rc < 0)
+        return -1;
+    Py_ssize_t batch;
+    if (attr_ssize(st->cache, s_flush_batch, &batch) < 0)
+        return -1;
+    if (PyDict_GET_SIZE(st->dirty) == batch) {
+        PyObject *batcher = PyObject_GetAttr(st->cache, s_batcher);
+        if (batcher == NULL)
+            return -1;
+        PyObject *r = PyObject_CallMethodNoArgs(batcher, s_kick);
+        Py_DECREF(batcher);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
 }
 
 /* Add ``delta`` to obj.name. */
@@ -1195,8 +1234,9 @@ hot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwna
         goto error;
     }
     Py_ssize_t lsn = last + 1;
+    int was_dirty = 0;
     int go = set_check_and_log(st, key, value, page, nbytes, lsn,
-                               (const char *)PyUnicode_DATA(key), klen);
+                               (const char *)PyUnicode_DATA(key), klen, &was_dirty);
     if (go <= 0) {
         Py_DECREF(values);
         if (go < 0)
@@ -1234,6 +1274,8 @@ hot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwna
         goto error;
     Py_DECREF(dl);
     if (dl == Py_None && set_ssize(page, s_dirty_lsn, lsn) < 0)
+        goto error;
+    if (!was_dirty && set_dirty(st, page) < 0)
         goto error;
     PyObject *t = PyIter_Next(st->ticks);
     if (t == NULL) {
@@ -1283,8 +1325,12 @@ static PyMethodDef hot_set_def = {
 static PyObject *
 py_hot_setter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "hot_setter takes 13 arguments");
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "hot_setter takes 14 arguments");
+        return NULL;
+    }
+    if (!PyCallable_Check(args[13])) {
+        PyErr_SetString(PyExc_TypeError, "hot_setter: monotonic must be a clock");
         return NULL;
     }
     if (!PyDict_CheckExact(args[3]) || !PyDict_CheckExact(args[4])) {
@@ -1299,9 +1345,10 @@ py_hot_setter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     if (st == NULL)
         return NULL;
     PyObject **fields[] = {&st->cache, &st->tier, &st->log, &st->table, &st->dirty, &st->ticks,
-                           &st->lock, &st->open, &st->has_ttl, &st->seam, &st->slow};
-    int which[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12};
-    for (int i = 0; i < 11; i++) {
+                           &st->lock, &st->open, &st->has_ttl, &st->seam, &st->slow,
+                           &st->monotonic};
+    int which[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 13};
+    for (int i = 0; i < 12; i++) {
         *fields[i] = args[which[i]];
         Py_INCREF(args[which[i]]);
     }
@@ -1880,7 +1927,7 @@ static PyMethodDef methods[] = {
      "get(key, default=None): Cache.get's memory hit in C, else slow(cache, ...)."},
     {"hot_setter", (PyCFunction)(void (*)(void))py_hot_setter, METH_FASTCALL,
      "hot_setter(cache, tier, log, table, dirty, ticks, lock, open, has_ttl, resident, "
-     "write_seam, max_key_bytes, slow) -> set(key, value): Cache.set's overwrite of a "
+     "write_seam, max_key_bytes, slow, monotonic) -> set(key, value): Cache.set's overwrite of a "
      "resident entry in C, else slow(cache, ...)."},
     {"encode_record", (PyCFunction)(void (*)(void))py_encode_record, METH_FASTCALL,
      "encode_record(lsn, op, key, value, expire_at) -> bytes: one replay-log record."},
@@ -1938,6 +1985,8 @@ PyInit__native(void)
     INTERN(s_dirty_lsn, "dirty_lsn"); INTERN(s_page_id, "page_id");
     INTERN(s_locked_ticks, "locked_ticks"); INTERN(s_sets, "_sets");
     INTERN(s_acquire, "acquire"); INTERN(s_release, "release");
+    INTERN(s_dirty_since, "dirty_since"); INTERN(s_flush_batch, "flush_batch_pages");
+    INTERN(s_batcher, "_batcher"); INTERN(s_kick, "kick");
 #undef INTERN
     s_state = PyUnicode_InternFromString("_state");
     s_pstate = PyUnicode_InternFromString("state");

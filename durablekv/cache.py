@@ -459,7 +459,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             # at close as get's is.
             self.set = _HOT_SETTER(self, self._tier, self._log, self._table, self._tier.dirty,
                                    self._ticks, self._lock, _OPEN, HAS_TTL, RESIDENT,
-                                   ReplayLog._write, MAX_KEY_BYTES, Cache.set)
+                                   ReplayLog._write, MAX_KEY_BYTES, Cache.set,
+                                   _REAL_MONOTONIC[0])
         self._warm_start()  # a thread: open does not wait for it
 
 

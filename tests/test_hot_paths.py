@@ -241,7 +241,8 @@ _set_ops = st.lists(st.tuples(st.sampled_from(["set", "set", "set", "set", "get"
 @given(ops=_set_ops)
 def test_the_c_overwrite_and_the_python_set_agree(tmp_path_factory, ops):
     """Same log bytes, LSNs, page bookkeeping (bytes, version, first dirty
-    LSN, LRU stamp, slots), counts and answers, after every call."""
+    LSN, LRU stamp, slots), dirty pages in order, counts and answers, after
+    every call."""
     values = [b"v0", b"v1" * 30, b"", b"v3" * 200]
     root = tmp_path_factory.mktemp("sets")
     kw = dict(page_size=4, max_pages=3, max_value_bytes=500, clock=lambda: 1.7e9)
@@ -269,7 +270,8 @@ def test_the_c_overwrite_and_the_python_set_agree(tmp_path_factory, ops):
                     else:
                         c.flush()
                     seen.append((c._last_lsn, _log_bytes(c), _pages(c), c.stats().sets,
-                                 c._tier.resident_bytes, c._tier.locked_ticks))
+                                 c._tier.resident_bytes, c._tier.locked_ticks,
+                                 list(c._tier.dirty)))
             assert seen[:len(seen) // 2] == seen[len(seen) // 2:], op
     finally:
         native.close()
