@@ -321,6 +321,58 @@ def test_page_blobs_match(entries, ascii_keys, flips, cut):
 
 
 @needs_both
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_keys=st.integers(1, 120), page_size=st.sampled_from([1, 4, 16]),
+       max_pages=st.sampled_from([1, 2, 5]), policy=st.sampled_from(["lru", "tinylfu", "midpoint"]),
+       keys_kind=st.sampled_from(["ascii", "int", "mixed"]), ttl=st.booleans(),
+       order=st.randoms(use_true_random=False))
+def test_page_faults_build_the_same_tier_with_the_kernels_and_without(
+        n_keys, page_size, max_pages, policy, keys_kind, ttl, order):
+    """One stored cache read back by page faults (gets, deletes, contains)
+    with the C kernels and with the pure-Python code: the same answers and
+    the very same memory tier after every step (pages, slots, values,
+    expiries, page table order, LRU state, counts)."""
+    from .conftest import Clock
+    def key(i):
+        return {"ascii": f"k{i}", "int": i * 3, "mixed": (f"k{i}", b"x", 1.5, "\u00e9")[i % 4]
+                if i % 4 else i}[keys_kind]
+    tmp = Path(tempfile.mkdtemp(prefix="durablekv-native-faults-"))
+    try:
+        clock = Clock()
+        opts = dict(page_size=page_size, clock=clock, warm=False, flush_interval=3600,
+                    policy=policy)
+        with Cache(tmp / "c", max_pages=10_000, **opts) as c:
+            for i in range(n_keys):
+                c.set(key(i), b"v" * (i % 5) if i % 3 else [i],
+                      expire=100 if ttl and i % 4 == 0 else None)
+        shutil.copytree(tmp / "c", tmp / "pure")
+        steps = list(range(n_keys)) * 2
+        order.shuffle(steps)
+        got = {}
+        for name, d in (("native", tmp / "c"), ("pure", tmp / "pure")):
+            with implementation(name):
+                c = Cache(d, max_pages=max_pages, **opts)
+                try:
+                    trail = []
+                    for j, i in enumerate(steps):
+                        k = key(i)
+                        if j % 11 == 10:
+                            trail.append(("del", c.delete(k)))
+                        elif j % 7 == 6:
+                            trail.append(("in", k in c))
+                        else:
+                            trail.append(("get", c.get(k, default="missing")))
+                        with c._lock:
+                            trail.append(tier_layout(c._tier, times=False))
+                    got[name] = trail
+                finally:
+                    c.close()
+        assert got["native"] == got["pure"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@needs_both
 def test_encode_columns_refusals_match():
     """Input the kernel leaves to the Python code gets the Python code's error."""
     for args in [([70000], [b"k"], [b"v"], [None], 0), ([1, 2], [b"k"], [b"v"], [None], 0),
