@@ -50,14 +50,17 @@ class _Snapshot:
     """
 
     __slots__ = ("cache", "items", "checkpoint_lsn", "clear", "clear_lsn", "built", "ttl_clock",
-                 "keep", "left")
+                 "keep", "left", "seen")
 
     def __init__(self, cache: "Cache", items: list, checkpoint_lsn: int, clear: bool,
                  clear_lsn: int, ttl_clock: tuple[float, float],
-                 keep: frozenset = frozenset(), left: list | None = None) -> None:
+                 keep: frozenset = frozenset(), left: list | None = None,
+                 seen: tuple[int, int] | None = None) -> None:
         self.cache = cache
         self.keep = keep  # with size_limit: ids of the pages in memory
         self.left = left or []  # with size_limit: pages that left memory clean
+        # with size_limit: (pages in memory, evictions) when keep was taken
+        self.seen = seen
         self.ttl_clock = ttl_clock
         self.items = items
         self.checkpoint_lsn = checkpoint_lsn
@@ -276,7 +279,7 @@ class WriteBack:
             # (a midpoint page in memory in part too: the store holds the rest)
             keep = frozenset([pid for pid, p in tier.pages.items() if p.state != PENDING])
             return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn,
-                             self._ttl_clock, keep, left)
+                             self._ttl_clock, keep, left, (len(tier.pages), tier.evictions))
 
     def flush_done(self, snap: _Snapshot, indices: list[int] | None,
                    added: list[bytes]) -> None:
@@ -303,7 +306,7 @@ class WriteBack:
                 n, ttl_n, nbytes = snap.built[i]
                 tier.flushed(p, version, kv, n, ttl_n, nbytes)
             if self.size_limit is not None:
-                self._store_evicted()
+                self._store_evicted(snap.seen)
             # a page's exact size (its blob) may pass what its sets accounted
             tier.shrink()
             if snap.clear:
@@ -319,11 +322,17 @@ class WriteBack:
                 self._batcher.kick()
             self._cond.notify_all()
 
-    def _store_evicted(self) -> None:
+    def _store_evicted(self, seen: tuple[int, int] | None) -> None:
         """Account for the pages the store just evicted for ``size_limit``
         (lock held): their entries leave ``len()``. A page faulted in from
         the store while the commit ran is in memory but no longer stored:
-        it is written again (as a page never stored) by the next flush."""
+        it is written again (as a page never stored) by the next flush.
+
+        ``seen``: (pages in memory, evictions) when the snapshot took the
+        pages the store had to keep. A store still over its bound is stuck
+        until those change; compared with the tier as the snapshot saw it,
+        so that pages leaving memory with this very flush (a midpoint page
+        whose entries were all doomed) make the next cycle evict them."""
         store, tier = self._store, self._tier
         evicted = store.take_evicted()
         self._store_evictions += len(evicted)
@@ -337,8 +346,7 @@ class WriteBack:
             page.stored_keys_version = page.keys_version - 1
             tier.mark_dirty(page, _REAL_MONOTONIC[0](), self._last_lsn + 1)
         limit = self.size_limit
-        self._store_stuck = ((len(tier.pages), tier.evictions)
-                             if store.data_bytes > limit else None)
+        self._store_stuck = seen if store.data_bytes > limit else None
 
     def _filter_committed(self, snap: _Snapshot, cks: list[bytes]) -> None:
         """Keys ``snap``'s commit added to the key index go into the key filter

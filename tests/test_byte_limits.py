@@ -361,6 +361,24 @@ def test_size_limit_on_the_postgres_store(pg, pg_ns, tmp_path):
         assert {k for k in model if c.get(k) is not None} == kept
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_midpoint_page_that_leaves_with_its_flush_is_evicted_from_the_store(tmp_path,
+                                                                              page_size):
+    """Two 300 kB entries under a 200 kB memory bound and a 600 kB store
+    bound: the first entry's page is in memory (doomed) while the flush
+    that stores both is taken, so the store keeps it then; it leaves memory
+    with that flush, and the next cycle must evict it (it once counted as
+    "stuck" and stayed over the bound for good)."""
+    with open_cache(tmp_path / "c", page_size=page_size, max_pages=50, policy="midpoint",
+                    max_memory_bytes=200_000, size_limit=600_000) as c:
+        c[0] = tagged("0", 0, 300_000)
+        c[1] = tagged("1", 1, 300_000)
+        c.flush()
+        s = c.stats()
+        assert s.store_data_bytes <= 600_000 and s.store_evictions == 1, s
+        assert c[1] == tagged("1", 1, 300_000)
+
+
 # -- a property test over both bounds ------------------------------------------------
 
 OPS = st.lists(st.one_of(
