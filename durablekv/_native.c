@@ -705,7 +705,58 @@ typedef struct {
     long resident, slotted;
 } HitState;
 
-static PyObject *s_state, *s_pstate, *s_stamp, *s_stamps;
+static PyObject *s_state, *s_pstate, *s_stamp, *s_stamps, *s_get, *s_set, *s_reduce_ex;
+
+/* The method ``name`` as the cache's class now has it, when it is no longer
+ * ``orig`` (a test patched Cache.get on the class, e.g. with
+ * unittest.mock.patch.object): the call goes there, bound as attribute
+ * lookup binds it, so that the instance attribute does not hide the patch.
+ * NULL with no error: not patched. */
+static PyObject *
+call_patched(PyObject *cache, PyObject *name, PyObject *orig, PyObject *const *args,
+             size_t nargsf, PyObject *kwnames, int *patched)
+{
+    PyObject *type = (PyObject *)Py_TYPE(cache);
+    PyObject *cur = PyObject_GetAttr(type, name);
+    if (cur == NULL) {
+        *patched = 1;
+        return NULL;
+    }
+    if (cur == orig) {
+        Py_DECREF(cur);
+        *patched = 0;
+        return NULL;
+    }
+    *patched = 1;
+    PyObject *fn = cur;
+    descrgetfunc bind = Py_TYPE(cur)->tp_descr_get;
+    if (bind != NULL) {
+        fn = bind(cur, cache, type);
+        Py_DECREF(cur);
+        if (fn == NULL)
+            return NULL;
+    }
+    PyObject *r = PyObject_Vectorcall(fn, args, PyVectorcall_NARGS(nargsf), kwnames);
+    Py_DECREF(fn);
+    return r;
+}
+
+/* __reduce__ of a getter's or setter's state: the cache's own refusal
+ * (a Cache cannot be pickled, and says why). */
+static PyObject *
+state_reduce(PyObject *cache)
+{
+    if (cache == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a durablekv cache method cannot be pickled");
+        return NULL;
+    }
+    PyObject *protocol = PyLong_FromLong(2);
+    if (protocol == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg(cache, s_reduce_ex, protocol);
+    Py_DECREF(protocol);
+    return r;
+}
 
 static int
 hit_traverse(HitState *self, visitproc visit, void *arg)
@@ -741,6 +792,17 @@ hit_dealloc(HitState *self)
     PyObject_GC_Del(self);
 }
 
+static PyObject *
+hit_reduce(HitState *self, PyObject *Py_UNUSED(ignored))
+{
+    return state_reduce(self->cache);
+}
+
+static PyMethodDef hit_state_methods[] = {
+    {"__reduce__", (PyCFunction)hit_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyTypeObject HitStateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "durablekv._native.HitState",
@@ -749,6 +811,7 @@ static PyTypeObject HitStateType = {
     .tp_traverse = (traverseproc)hit_traverse,
     .tp_clear = (inquiry)hit_clear,
     .tp_dealloc = (destructor)hit_dealloc,
+    .tp_methods = hit_state_methods,
 };
 
 /* slow(cache, *args, **kwargs) */
@@ -793,6 +856,13 @@ hit_get(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwna
 {
     HitState *st = (HitState *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (st->cache != NULL) {
+        int patched;
+        PyObject *r = call_patched(st->cache, s_get, st->slow, args, (size_t)nargsf, kwnames,
+                                   &patched);
+        if (patched)
+            return r;
+    }
     if (kwnames != NULL || nargs < 1 || nargs > 2 || st->cache == NULL)
         goto slow;
     PyObject *state = PyObject_GetAttr(st->cache, s_state);
@@ -892,7 +962,10 @@ fail:
 
 static PyMethodDef hit_get_def = {
     "get", (PyCFunction)(void (*)(void))hit_get, METH_FASTCALL | METH_KEYWORDS,
-    "get(key, default=None)\n--\n\nCache.get (the memory hit in C; see durablekv/cache.py).",
+    "get(key, default=None)\n--\n\n"
+    "Return the value for key, or default when missing or expired: durablekv.Cache.get,\n"
+    "whose memory hit runs in C on an open cache (help(durablekv.Cache.get) has the\n"
+    "whole text; patching Cache.get on the class still takes effect).",
 };
 
 static PyObject *
@@ -990,6 +1063,17 @@ set_dealloc(SetState *self)
     PyObject_GC_Del(self);
 }
 
+static PyObject *
+set_reduce(SetState *self, PyObject *Py_UNUSED(ignored))
+{
+    return state_reduce(self->cache);
+}
+
+static PyMethodDef set_state_methods[] = {
+    {"__reduce__", (PyCFunction)set_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyTypeObject SetStateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "durablekv._native.SetState",
@@ -998,6 +1082,7 @@ static PyTypeObject SetStateType = {
     .tp_traverse = (traverseproc)set_traverse,
     .tp_clear = (inquiry)set_clear,
     .tp_dealloc = (destructor)set_dealloc,
+    .tp_methods = set_state_methods,
 };
 
 /* obj.name as a C integer; -1 with an error set when it is not one. */
@@ -1169,6 +1254,13 @@ hot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwna
 {
     SetState *st = (SetState *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (st->cache != NULL) {
+        int patched;
+        PyObject *r = call_patched(st->cache, s_set, st->slow, args, (size_t)nargsf, kwnames,
+                                   &patched);
+        if (patched)
+            return r;
+    }
     if (kwnames != NULL || nargs != 2 || st->cache == NULL)
         return call_slow(st->cache, st->slow, args, (size_t)nargsf, kwnames);
     PyObject *key = args[0], *value = args[1];
@@ -1319,7 +1411,9 @@ slow:
 static PyMethodDef hot_set_def = {
     "set", (PyCFunction)(void (*)(void))hot_set, METH_FASTCALL | METH_KEYWORDS,
     "set(key, value, expire=None, *, tag=None)\n--\n\n"
-    "Cache.set (an overwrite of a resident entry in C; see durablekv/cache.py).",
+    "Store value under key: durablekv.Cache.set, whose overwrite of an entry in memory\n"
+    "runs in C on an open cache (help(durablekv.Cache.set) has the whole text;\n"
+    "patching Cache.set on the class still takes effect).",
 };
 
 static PyObject *
@@ -1992,7 +2086,10 @@ PyInit__native(void)
     s_pstate = PyUnicode_InternFromString("state");
     s_stamp = PyUnicode_InternFromString("stamp");
     s_stamps = PyUnicode_InternFromString("stamps");
-    if (!s_state || !s_pstate || !s_stamp || !s_stamps)
+    s_get = PyUnicode_InternFromString("get");
+    s_set = PyUnicode_InternFromString("set");
+    s_reduce_ex = PyUnicode_InternFromString("__reduce_ex__");
+    if (!s_state || !s_pstate || !s_stamp || !s_stamps || !s_get || !s_set || !s_reduce_ex)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL)

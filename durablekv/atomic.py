@@ -85,7 +85,8 @@ class AtomicOps:
                 old = self._codec.from_memory(page.values[slot])
                 if type(old) is not int:
                     raise TypeError(f"cannot incr() key {key!r}: its value is a "
-                                    f"{type(old).__qualname__}, not an int")
+                                    f"{type(old).__qualname__}, not an int; set() it to an "
+                                    "int first, or count under another key")
                 value, expire_at = old + delta, page.expires[slot]
             # encoded under the lock: the new value depends on the old one
             kb, vb, held, nbytes = self._encode_entry(key, value)

@@ -281,14 +281,16 @@ def _py_decode_keys(blobs: Iterable[bytes]) -> tuple[list[Any], list[int]]:
     return keys, others
 
 
-def _canon(key: Any) -> Any:
+def _canon(key: Any, depth: int = 0) -> Any:
     t = type(key)
     if t is bool:
         return int(key)
     if t is float and key.is_integer():
         return int(key)
     if t is tuple:
-        return tuple(_canon(k) for k in key)
+        if depth >= MAX_NESTING:
+            raise _too_deep("key")  # as set() refuses it, before the stack runs out
+        return tuple(_canon(k, depth + 1) for k in key)
     return key
 
 
@@ -310,11 +312,17 @@ def lookup_key(key: Any) -> Any:
     Returns ``key`` itself when there is no such plain key (the caller's
     :func:`canonical_key` then raises the usual TypeError).
     """
+    return _lookup_key(key, 0)
+
+
+def _lookup_key(key: Any, depth: int) -> Any:
     t = type(key)
     if t is str or t is int or t is bytes or t is float or t is bool or key is None:
         return key
     if isinstance(key, tuple):
-        plain: Any = tuple(map(lookup_key, key))
+        if depth >= MAX_NESTING:
+            return key  # no storable key is this deep: the caller raises its TypeError
+        plain: Any = tuple([_lookup_key(k, depth + 1) for k in key])
     else:
         for base, to_plain in _PLAIN.items():
             if isinstance(key, base) and t is not bool:

@@ -192,6 +192,10 @@ def test_set_refuses_keys_and_values_nested_past_max_nesting(tmp_path):
             with pytest.raises(TypeError, match=f"MAX_NESTING={MAX_NESTING}"):
                 cache[key] = value
         assert len(cache) == 1
+        # the reads and deletes of such a key say the same, not RecursionError
+        for call in (cache.get, cache.__contains__, cache.delete, cache.pop):
+            with pytest.raises(TypeError, match=f"MAX_NESTING={MAX_NESTING}"):
+                call(nest(5000))
 
 
 @pytest.mark.parametrize("where", ["key", "value"])

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import pickle
 import weakref
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -277,3 +279,39 @@ def test_the_c_overwrite_and_the_python_set_agree(tmp_path_factory, ops):
         native.close()
         with _accel.pure_kernels():
             pure.close()
+
+
+def test_patching_cache_get_and_set_on_the_class_takes_effect(tmp_path):
+    """A test double patched onto the class (unittest.mock) is what an open
+    cache's get and set call, with the C paths as without them."""
+    c = Cache(str(tmp_path / "c"))
+    try:
+        c.set("a", b"1")
+        with mock.patch.object(Cache, "get", return_value="mocked") as get:
+            assert c.get("a") == "mocked" and c.get("missing") == "mocked"
+            assert c["a"] == "mocked"  # __getitem__ goes through get
+        assert get.call_count == 3
+        with mock.patch("durablekv.cache.Cache.set") as set_:
+            c.set("a", b"not written")
+            c["a"] = b"not written either"
+        assert set_.call_count == 2
+        assert c.get("a") == b"1"
+
+        def recording_get(self, key, default=None):
+            return ("patched", key, default)
+
+        with mock.patch.object(Cache, "get", recording_get):
+            assert c.get("a", 5) == ("patched", "a", 5)
+        assert c.get("a") == b"1"  # unpatched again: the fast path is back
+    finally:
+        c.close()
+
+
+def test_pickling_get_or_set_refuses_as_the_cache_does(tmp_path):
+    c = Cache(str(tmp_path / "c"))
+    try:
+        for method in (c.get, c.set):
+            with pytest.raises(TypeError, match="cannot be pickled.*Share the one Cache"):
+                pickle.dumps(method)
+    finally:
+        c.close()
