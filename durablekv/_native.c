@@ -28,6 +28,19 @@
 #error "durablekv._native assumes a little-endian machine; the pure-Python code is used instead"
 #endif
 
+/* "No expiry" in a log record or a page blob: the quiet NaN whose bytes
+ * struct.pack("<d", float("nan")) gives (sign bit clear), so that the
+ * kernels write what the Python code writes. Not Py_NAN: before Python 3.11
+ * that is Py_HUGE_VAL * 0., which x86 makes a NaN with the sign bit set. */
+static inline double
+no_expiry(void)
+{
+    const uint64_t bits = 0x7ff8000000000000ull;
+    double d;
+    memcpy(&d, &bits, 8);
+    return d;
+}
+
 /* ---------------------------------------------------------------- CRC-32 */
 
 static uint32_t crc_table[8][256];
@@ -164,7 +177,7 @@ record_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
     }
     PyObject *e = args[off + 4];
     if (e == Py_None) {
-        *exp = Py_NAN;
+        *exp = no_expiry();
     } else {
         *exp = PyFloat_AsDouble(e);
         if (*exp == -1.0 && PyErr_Occurred())
@@ -664,7 +677,7 @@ py_encode_columns(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t n
         }
         put_u16(sl + 2 * i, (uint16_t)slot);
         if (ttl)
-            put_f64(ex + 8 * i, ei[i] == Py_None ? Py_NAN : PyFloat_AS_DOUBLE(ei[i]));
+            put_f64(ex + 8 * i, ei[i] == Py_None ? no_expiry() : PyFloat_AS_DOUBLE(ei[i]));
         Py_ssize_t klen = PyBytes_GET_SIZE(ki[i]);
         put_u32(kl + 4 * i, (uint32_t)klen);
         put_u32(vl + 4 * i, (uint32_t)PyBytes_GET_SIZE(vi[i]));
@@ -1107,7 +1120,7 @@ set_check_and_log(SetState *st, PyObject *key, PyObject *value, PyObject *page, 
     kb[0] = 's';
     put_u32(kb + 1, (uint32_t)klen);
     memcpy(kb + 5, kdata, (size_t)klen);
-    build_record((unsigned char *)view.buf + a, (uint64_t)lsn, 1 /* OP_SET */, Py_NAN,
+    build_record((unsigned char *)view.buf + a, (uint64_t)lsn, 1 /* OP_SET */, no_expiry(),
                  (const char *)kb, klen + 5, PyBytes_AS_STRING(value), vlen, 1);
     if (kb != kstack)
         PyMem_Free(kb);
