@@ -1757,11 +1757,13 @@ done:
 static PyObject *
 records_take(RecordsObject *self, PyObject *arg)
 {
-    PyObject *seq = PySequence_Fast(arg, "take needs a sequence of int");
+    /* a tuple of its own, not PySequence_Fast (the list itself): an item's
+       __index__ may change the list, which would free the items read here */
+    PyObject *seq = PySequence_Tuple(arg);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t m = PyTuple_GET_SIZE(seq);
+    PyObject **items = &PyTuple_GET_ITEM(seq, 0);
     RecordsObject *out = records_new(self->owners, m);
     if (out == NULL)
         goto fail;

@@ -577,3 +577,21 @@ def test_native_recovery_reads_the_log_in_place(tmp_path):
         want = ReplayLog(str(tmp_path / "p")).recover(0).records
     assert type(got) is native.Records and type(want) is list
     assert list(got) == want and len(want) > 50
+
+
+@needs_both
+def test_records_take_survives_an_index_that_changes_the_list():
+    """Records.take read the list's item array in place while calling each
+    item's __index__, which may change the list (and free that array)."""
+    from durablekv._accel import native
+    data = b"".join(native.encode_record(i, 1, b"k%d" % i, b"v", None) for i in range(1, 6))
+    recs = native.index_segment(data, 0)[0]
+    indices: list = []
+
+    class Shifty:
+        def __index__(self):
+            indices[:] = list(range(10000))  # the list's array is replaced
+            return 0
+
+    indices[:] = [Shifty(), 1, 2]
+    assert [r[0] for r in recs.take(indices)] == [1, 2, 3]
