@@ -28,6 +28,19 @@
 #error "durablekv._native assumes a little-endian machine; the pure-Python code is used instead"
 #endif
 
+/* "No expiry" in a log record or a page blob: the quiet NaN whose bytes
+ * struct.pack("<d", float("nan")) gives (sign bit clear), so that the
+ * kernels write what the Python code writes. Not Py_NAN: before Python 3.11
+ * that is Py_HUGE_VAL * 0., which x86 makes a NaN with the sign bit set. */
+static inline double
+no_expiry(void)
+{
+    const uint64_t bits = 0x7ff8000000000000ull;
+    double d;
+    memcpy(&d, &bits, 8);
+    return d;
+}
+
 /* ---------------------------------------------------------------- CRC-32 */
 
 static uint32_t crc_table[8][256];
@@ -164,7 +177,7 @@ record_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
     }
     PyObject *e = args[off + 4];
     if (e == Py_None) {
-        *exp = Py_NAN;
+        *exp = no_expiry();
     } else {
         *exp = PyFloat_AsDouble(e);
         if (*exp == -1.0 && PyErr_Occurred())
@@ -664,7 +677,7 @@ py_encode_columns(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t n
         }
         put_u16(sl + 2 * i, (uint16_t)slot);
         if (ttl)
-            put_f64(ex + 8 * i, ei[i] == Py_None ? Py_NAN : PyFloat_AS_DOUBLE(ei[i]));
+            put_f64(ex + 8 * i, ei[i] == Py_None ? no_expiry() : PyFloat_AS_DOUBLE(ei[i]));
         Py_ssize_t klen = PyBytes_GET_SIZE(ki[i]);
         put_u32(kl + 4 * i, (uint32_t)klen);
         put_u32(vl + 4 * i, (uint32_t)PyBytes_GET_SIZE(vi[i]));
@@ -1015,7 +1028,9 @@ py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
  * and changes nothing unless all hold; then the same steps as the Python
  * hot path, in the same order (the record into the mapping, the LSN, the
  * slot, the entry, the byte counts, the version, the dirty map, the LRU
- * tick, the count). ``monotonic`` is the clock dirty_since is read from
+ * tick, the count). ``lock`` is not kept: each call takes ``cache._lock``
+ * as it is then, as the Python set does (a forked child's lock is a new
+ * one). ``monotonic`` is the clock dirty_since is read from
  * (time.monotonic as imported, which clock-faking tests leave alone). Anything else calls ``slow``, the Python
  * Cache.set, with the same arguments: it grows or rolls the log, waits for
  * back-pressure, enforces max_memory_bytes, and raises every error.
@@ -1023,7 +1038,7 @@ py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
 
 typedef struct {
     PyObject_HEAD
-    PyObject *cache, *tier, *log, *table, *dirty, *ticks, *lock, *open, *has_ttl,
+    PyObject *cache, *tier, *log, *table, *dirty, *ticks, *open, *has_ttl,
              *seam, *slow, *monotonic;
     long resident;
     Py_ssize_t max_key_bytes;
@@ -1033,13 +1048,13 @@ static PyObject *s_pending, *s_max_pending, *s_max_value, *s_page_bytes_limit, *
                 *s_last_lsn_c, *s_mm, *s_size, *s_segment_bytes, *s_write, *s_last_start,
                 *s_last_lsn, *s_values, *s_nbytes, *s_resident_bytes, *s_version,
                 *s_dirty_lsn, *s_page_id, *s_locked_ticks, *s_sets, *s_acquire, *s_release,
-                *s_dirty_since, *s_flush_batch, *s_batcher, *s_kick;
+                *s_dirty_since, *s_flush_batch, *s_batcher, *s_kick, *s_lock;
 
 static int
 set_traverse(SetState *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->cache); Py_VISIT(self->tier); Py_VISIT(self->log); Py_VISIT(self->table);
-    Py_VISIT(self->dirty); Py_VISIT(self->ticks); Py_VISIT(self->lock); Py_VISIT(self->open);
+    Py_VISIT(self->dirty); Py_VISIT(self->ticks); Py_VISIT(self->open);
     Py_VISIT(self->has_ttl); Py_VISIT(self->seam); Py_VISIT(self->slow);
     Py_VISIT(self->monotonic);
     return 0;
@@ -1049,7 +1064,7 @@ static int
 set_clear(SetState *self)
 {
     Py_CLEAR(self->cache); Py_CLEAR(self->tier); Py_CLEAR(self->log); Py_CLEAR(self->table);
-    Py_CLEAR(self->dirty); Py_CLEAR(self->ticks); Py_CLEAR(self->lock); Py_CLEAR(self->open);
+    Py_CLEAR(self->dirty); Py_CLEAR(self->ticks); Py_CLEAR(self->open);
     Py_CLEAR(self->has_ttl); Py_CLEAR(self->seam); Py_CLEAR(self->slow);
     Py_CLEAR(self->monotonic);
     return 0;
@@ -1192,7 +1207,7 @@ set_check_and_log(SetState *st, PyObject *key, PyObject *value, PyObject *page, 
     kb[0] = 's';
     put_u32(kb + 1, (uint32_t)klen);
     memcpy(kb + 5, kdata, (size_t)klen);
-    build_record((unsigned char *)view.buf + a, (uint64_t)lsn, 1 /* OP_SET */, Py_NAN,
+    build_record((unsigned char *)view.buf + a, (uint64_t)lsn, 1 /* OP_SET */, no_expiry(),
                  (const char *)kb, klen + 5, PyBytes_AS_STRING(value), vlen, 1);
     if (kb != kstack)
         PyMem_Free(kb);
@@ -1277,9 +1292,17 @@ hot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwna
     if (PyBytes_GET_SIZE(value) > maxv)
         goto slow;
     Py_ssize_t nbytes = klen + 5 + PyBytes_GET_SIZE(value) + 5;
-    PyObject *r = PyObject_CallMethodNoArgs(st->lock, s_acquire);
-    if (r == NULL)
+    /* the cache's lock as it is now, looked up as the Python set does: a
+       forked child's is a new one (Lifecycle._retire_after_fork), and the
+       one it replaced may stay held for good by a parent thread */
+    PyObject *lock = PyObject_GetAttr(st->cache, s_lock);
+    if (lock == NULL)
         return NULL;
+    PyObject *r = PyObject_CallMethodNoArgs(lock, s_acquire);
+    if (r == NULL) {
+        Py_DECREF(lock);
+        return NULL;
+    }
     Py_DECREF(r);
     int ok = 0;
     PyObject *ref = NULL;
@@ -1388,14 +1411,16 @@ error:
     {
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        PyObject *rr = PyObject_CallMethodNoArgs(st->lock, s_release);
+        PyObject *rr = PyObject_CallMethodNoArgs(lock, s_release);
         Py_XDECREF(rr);
         PyErr_Restore(et, ev, tb);
     }
+    Py_DECREF(lock);
     return NULL;
 release:
     Py_XDECREF(ref);
-    r = PyObject_CallMethodNoArgs(st->lock, s_release);
+    r = PyObject_CallMethodNoArgs(lock, s_release);
+    Py_DECREF(lock);
     if (r == NULL)
         return NULL;
     Py_DECREF(r);
@@ -1438,11 +1463,11 @@ py_hot_setter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     SetState *st = PyObject_GC_New(SetState, &SetStateType);
     if (st == NULL)
         return NULL;
+    /* args[6], the lock, is not kept: each call takes cache._lock (hot_set) */
     PyObject **fields[] = {&st->cache, &st->tier, &st->log, &st->table, &st->dirty, &st->ticks,
-                           &st->lock, &st->open, &st->has_ttl, &st->seam, &st->slow,
-                           &st->monotonic};
-    int which[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 13};
-    for (int i = 0; i < 12; i++) {
+                           &st->open, &st->has_ttl, &st->seam, &st->slow, &st->monotonic};
+    int which[] = {0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13};
+    for (int i = 0; i < 11; i++) {
         *fields[i] = args[which[i]];
         Py_INCREF(args[which[i]]);
     }
@@ -1826,11 +1851,13 @@ done:
 static PyObject *
 records_take(RecordsObject *self, PyObject *arg)
 {
-    PyObject *seq = PySequence_Fast(arg, "take needs a sequence of int");
+    /* a tuple of its own, not PySequence_Fast (the list itself): an item's
+       __index__ may change the list, which would free the items read here */
+    PyObject *seq = PySequence_Tuple(arg);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t m = PyTuple_GET_SIZE(seq);
+    PyObject **items = &PyTuple_GET_ITEM(seq, 0);
     RecordsObject *out = records_new(self->owners, m);
     if (out == NULL)
         goto fail;
@@ -2080,7 +2107,7 @@ PyInit__native(void)
     INTERN(s_locked_ticks, "locked_ticks"); INTERN(s_sets, "_sets");
     INTERN(s_acquire, "acquire"); INTERN(s_release, "release");
     INTERN(s_dirty_since, "dirty_since"); INTERN(s_flush_batch, "flush_batch_pages");
-    INTERN(s_batcher, "_batcher"); INTERN(s_kick, "kick");
+    INTERN(s_batcher, "_batcher"); INTERN(s_kick, "kick"); INTERN(s_lock, "_lock");
 #undef INTERN
     s_state = PyUnicode_InternFromString("_state");
     s_pstate = PyUnicode_InternFromString("state");

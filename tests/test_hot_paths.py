@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import pickle
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -315,3 +319,51 @@ def test_pickling_get_or_set_refuses_as_the_cache_does(tmp_path):
                 pickle.dumps(method)
     finally:
         c.close()
+
+
+_HELD_AT_FORK = r"""
+import os, signal, sys, threading
+from durablekv import Cache, CacheClosedError
+
+cache = Cache(sys.argv[1])
+cache["a"] = b"1"
+get, set_ = cache.get, cache.set  # taken while open, as a caller may keep them
+held, release = threading.Event(), threading.Event()
+
+def holder():  # the lock held by another thread at the fork (as the batcher's snapshot does)
+    with cache._lock:
+        held.set()
+        release.wait()
+
+t = threading.Thread(target=holder)
+t.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(10)  # a hang shows as SIGALRM, not as a stuck test
+    for call in (lambda: get("a"), lambda: set_("a", b"2"), lambda: cache.set("a", b"2")):
+        try:
+            call()
+        except CacheClosedError as exc:
+            assert "fork" in str(exc), exc
+        else:
+            os._exit(3)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+release.set()
+t.join()
+cache.close()
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_set_taken_before_a_fork_raises_in_the_child(tmp_path):
+    """A forked child gets new locks (Lifecycle._retire_after_fork): a lock
+    another parent thread held at the fork stays held in the child for good.
+    A ``cache.set`` taken before the fork must raise CacheClosedError there,
+    as the Python Cache.set does, not wait for the parent's old lock."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", _HELD_AT_FORK, str(tmp_path / "c")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "0", f"the child's exit code: {proc.stdout!r} (-14: hung)"

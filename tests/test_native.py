@@ -118,6 +118,38 @@ def test_both_write_the_same_log_and_page_bytes(tmp_path):
     assert pages[0] and pages[0] == pages[1]
 
 
+@needs_both
+def test_no_expiry_is_written_as_float_nan_by_every_kernel(tmp_path):
+    """A record or page entry with no expiry holds the bytes of
+    struct.pack("<d", float("nan")), as the Python code writes it, from each
+    C kernel and from the C overwrite. (Py_NAN is a NaN with the sign bit set
+    on Python 3.10 on x86: the kernels wrote other bytes than the Python code.)"""
+    from durablekv._accel import native
+    nan = struct.pack("<d", float("nan"))
+    want = logsegments._py_encode_record(7, 1, b"k", b"b\x01\x00\x00\x00v", None)
+    assert want[17:25] == nan  # header (16), op (1), then the expiry
+    assert native.encode_record(7, 1, b"k", b"b\x01\x00\x00\x00v", None) == want
+    buf = bytearray(64)
+    size = native.store_bytes_record(buf, 3, 7, 1, b"k", b"v", None)
+    assert bytes(buf[3:3 + size]) == want
+    cols = ([0], [b"k"], [b"v"], [None, 1.5][:1], 0)
+    two = ([0, 1], [b"k", b"l"], [b"v", b"w"], [None, 1.5], 0)
+    for args in (cols, two):
+        assert pageformat.encode_columns(*args) == pageformat._py_encode_columns(*args)
+    c = Cache(str(tmp_path / "c"))
+    try:
+        assert "set" in vars(c)
+        c["k"] = b"1"
+        c["k"] = b"2"  # the C overwrite
+        log = c._log
+        assert log._mm is not None
+        rec = bytes(log._mm[log._last_start:log._size])
+        assert rec == logsegments._py_encode_record(
+            c._last_lsn, 1, codec.encode_key("k"), b"b\x01\x00\x00\x002", None)
+    finally:
+        c.close()
+
+
 def _damaged_log(tmp_path: Path, writer: str) -> Path:
     write(tmp_path / "c", writer, "log")
     (seg,) = sorted((tmp_path / "c").glob("replay-*.log"))
@@ -545,3 +577,21 @@ def test_native_recovery_reads_the_log_in_place(tmp_path):
         want = ReplayLog(str(tmp_path / "p")).recover(0).records
     assert type(got) is native.Records and type(want) is list
     assert list(got) == want and len(want) > 50
+
+
+@needs_both
+def test_records_take_survives_an_index_that_changes_the_list():
+    """Records.take read the list's item array in place while calling each
+    item's __index__, which may change the list (and free that array)."""
+    from durablekv._accel import native
+    data = b"".join(native.encode_record(i, 1, b"k%d" % i, b"v", None) for i in range(1, 6))
+    recs = native.index_segment(data, 0)[0]
+    indices: list = []
+
+    class Shifty:
+        def __index__(self):
+            indices[:] = list(range(10000))  # the list's array is replaced
+            return 0
+
+    indices[:] = [Shifty(), 1, 2]
+    assert [r[0] for r in recs.take(indices)] == [1, 2, 3]
