@@ -886,7 +886,14 @@ hit_get(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwna
         goto slow;
     PyObject *ref = PyDict_GetItemWithError(st->table, args[0]);  /* borrowed */
     if (ref == NULL) {
-        PyErr_Clear();  /* a miss, or an unhashable key: the slow path decides */
+        if (PyErr_Occurred()) {
+            /* an unhashable key: the slow path raises the TypeError set()
+               gives, as Cache.get's own lookup catches only TypeError; any
+               other error of the key's __hash__ or __eq__ propagates */
+            if (!PyErr_ExceptionMatches(PyExc_TypeError))
+                return NULL;
+            PyErr_Clear();
+        }
         goto slow;
     }
     PyObject *page, *slot, *v;

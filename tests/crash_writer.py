@@ -104,7 +104,9 @@ def main() -> None:
         else:
             value = f"{key}:{seed}:{i}"
             say(f"B S {key} {value}")
-            cache[key] = value
+            # even keys hold bytes: their overwrites take the C set when the
+            # extension runs (a str value takes the Python path)
+            cache[key] = value.encode() if int(key[1:]) % 2 == 0 else value
         say("A")
 
 

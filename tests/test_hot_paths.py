@@ -367,3 +367,31 @@ def test_a_set_taken_before_a_fork_raises_in_the_child(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "0", f"the child's exit code: {proc.stdout!r} (-14: hung)"
+
+
+def test_an_error_from_a_keys_eq_propagates_from_get(tmp_path):
+    """Only a TypeError (an unhashable key) sends get on to the locked path,
+    as Cache.get's lookup catches only that; any other error of the key's
+    own __eq__ reaches the caller once, as from a dict."""
+
+    class Boom(Exception):
+        pass
+
+    class Key(str):
+        calls = 0
+
+        def __hash__(self):
+            return hash(str(self))
+
+        def __eq__(self, other):
+            Key.calls += 1
+            raise Boom
+
+    c = Cache(str(tmp_path / "c"))
+    try:
+        c["a"] = b"1"
+        with pytest.raises(Boom):
+            c.get(Key("a"))
+        assert Key.calls == 1
+    finally:
+        c.close()
