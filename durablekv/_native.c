@@ -988,6 +988,23 @@ static PyMethodDef hit_get_def = {
     "whole text; patching Cache.get on the class still takes effect).",
 };
 
+/* Fill a new getter's or setter's state ``st`` (fields[i] = args[which[i]],
+ * new references), let the collector track it, and return the function
+ * ``def`` bound to it (which then holds the only reference). */
+static PyObject *
+state_function(PyObject *st, PyObject **fields[], const int which[], int n,
+               PyObject *const *args, PyMethodDef *def)
+{
+    for (int i = 0; i < n; i++) {
+        *fields[i] = args[which[i]];
+        Py_INCREF(args[which[i]]);
+    }
+    PyObject_GC_Track(st);
+    PyObject *fn = PyCFunction_New(def, st);
+    Py_DECREF(st);
+    return fn;
+}
+
 static PyObject *
 py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1011,17 +1028,10 @@ py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
         return NULL;
     PyObject **fields[] = {&st->cache, &st->table, &st->ticks, &st->open, &st->has_ttl,
                            &st->frozen, &st->slow};
-    int which[] = {0, 1, 2, 3, 4, 5, 8};
-    for (int i = 0; i < 7; i++) {
-        *fields[i] = args[which[i]];
-        Py_INCREF(args[which[i]]);
-    }
+    static const int which[] = {0, 1, 2, 3, 4, 5, 8};
     st->resident = resident;
     st->slotted = slotted;
-    PyObject_GC_Track(st);
-    PyObject *fn = PyCFunction_New(&hit_get_def, (PyObject *)st);
-    Py_DECREF(st);
-    return fn;
+    return state_function((PyObject *)st, fields, which, 7, args, &hit_get_def);
 }
 
 /* ---------------------------------------------------------------- overwrite
@@ -1030,16 +1040,17 @@ py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
  *            resident, write_seam, max_key_bytes, slow, monotonic)
  * -> a callable set(key, value) that Cache installs as its instance's ``set``
  * (durability "log" or "none"): the hot path of Cache.set (durablekv/cache.py)
- * in C, for an overwrite of a live entry in a resident page, with an ASCII str key and a bytes value, the log appending into its
- * mapped segment. It checks every condition first, under the cache's lock,
+ * in C, for an overwrite of a live entry in a resident page, with an ASCII
+ * str key and a bytes value, the log appending into its mapped segment. It checks every condition first, under the cache's lock,
  * and changes nothing unless all hold; then the same steps as the Python
  * hot path, in the same order (the record into the mapping, the LSN, the
  * slot, the entry, the byte counts, the version, the dirty map, the LRU
  * tick, the count). ``lock`` is not kept: each call takes ``cache._lock``
  * as it is then, as the Python set does (a forked child's lock is a new
  * one). ``monotonic`` is the clock dirty_since is read from
- * (time.monotonic as imported, which clock-faking tests leave alone). Anything else calls ``slow``, the Python
- * Cache.set, with the same arguments: it grows or rolls the log, waits for
+ * (time.monotonic as imported, which clock-faking tests leave alone).
+ * Anything else calls ``slow``, the Python Cache.set, with the same
+ * arguments: it grows or rolls the log, waits for
  * back-pressure, enforces max_memory_bytes, and raises every error.
  */
 
@@ -1473,17 +1484,10 @@ py_hot_setter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     /* args[6], the lock, is not kept: each call takes cache._lock (hot_set) */
     PyObject **fields[] = {&st->cache, &st->tier, &st->log, &st->table, &st->dirty, &st->ticks,
                            &st->open, &st->has_ttl, &st->seam, &st->slow, &st->monotonic};
-    int which[] = {0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13};
-    for (int i = 0; i < 11; i++) {
-        *fields[i] = args[which[i]];
-        Py_INCREF(args[which[i]]);
-    }
+    static const int which[] = {0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13};
     st->resident = resident;
     st->max_key_bytes = maxk;
-    PyObject_GC_Track(st);
-    PyObject *fn = PyCFunction_New(&hot_set_def, (PyObject *)st);
-    Py_DECREF(st);
-    return fn;
+    return state_function((PyObject *)st, fields, which, 11, args, &hot_set_def);
 }
 
 /* --------------------------------------------------- recovery: Records */
