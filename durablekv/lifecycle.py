@@ -15,6 +15,7 @@ import shutil
 import threading
 import warnings
 import weakref
+from types import BuiltinFunctionType
 from typing import Any, TYPE_CHECKING
 
 from .config import _CLOSED, _CLOSING, _FORKED
@@ -78,13 +79,24 @@ class Lifecycle:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._state = _FORKED
-        self.__dict__.pop("get", None)  # the C memory hit and overwrite (Cache.__init__)
-        self.__dict__.pop("set", None)
+        self._drop_fast_paths()
         for part in (self._store, self._log, self._batcher):
             if part is not None:
                 _immortal(part)
         self._store = self._log = self._batcher = None
         self._lock_fd = None
+
+    def _drop_fast_paths(self) -> None:
+        """Drop the C ``get`` and ``set`` that open installed on the instance
+        (see Cache.__init__): they hold the cache, so this ends the cycle,
+        and a later call is the Python method, which raises. An attribute
+        the user set there (a test's monkeypatch) is theirs and stays."""
+        d = self.__dict__
+        for name in ("get", "set"):
+            fn = d.get(name)
+            if type(fn) is BuiltinFunctionType and \
+                    type(fn.__self__).__module__ == "durablekv._native":
+                del d[name]
 
     def _remove_if_temporary(self) -> None:
         """Remove the temporary directory of ``Cache()`` (no directory given)."""
@@ -132,8 +144,7 @@ class Lifecycle:
         # The C memory hit and overwrite hold the cache (see Cache.__init__):
         # dropping them ends that cycle, and a later call is the Python one,
         # which raises.
-        self.__dict__.pop("get", None)
-        self.__dict__.pop("set", None)
+        self._drop_fast_paths()
 
     def _refuse_copy(self, what: str) -> TypeError:
         return TypeError(

@@ -395,3 +395,16 @@ def test_an_error_from_a_keys_eq_propagates_from_get(tmp_path):
         assert Key.calls == 1
     finally:
         c.close()
+
+
+def test_close_keeps_a_get_or_set_the_user_put_on_the_instance(tmp_path):
+    """Only the C functions open installed leave the instance at close; a
+    function a test put there (monkeypatch) is restored by its owner."""
+    c = Cache(str(tmp_path / "c"))
+
+    def mine(*args, **kwargs):
+        return "mine"
+
+    c.get = mine
+    c.close()
+    assert vars(c)["get"] is mine and not _c_setter(c)
