@@ -131,19 +131,25 @@ _ops = st.lists(st.tuples(st.sampled_from(["get", "get", "get", "set", "set_ttl"
 def _run(c: Cache, ops, values) -> list:
     out = []
     for op, k, v in ops:
-        key = f"k{k}"
+        out.append(_step(c, op, f"k{k}", values[v]))
         if op == "get":
-            out.append(c.get(key, "missing"))
             out.append(_recency(c))  # the LRU order after each get
-        elif op == "set":
-            c[key] = values[v]
-        elif op == "set_ttl":
-            c.set(key, values[v], expire=3600)
-        elif op == "delete":
-            out.append(c.delete(key))
-        else:
-            c.flush()
     return out
+
+
+def _step(c: Cache, op: str, key: str, value) -> object:
+    """One call of the agreement tests; its answer (None for a set or flush)."""
+    if op == "get":
+        return c.get(key, "missing")
+    if op == "set":
+        c.set(key, value)
+    elif op == "set_ttl":
+        c.set(key, value, expire=3600)
+    elif op == "delete":
+        return c.delete(key)
+    else:
+        c.flush()
+    return None
 
 
 def _recency(c: Cache) -> dict:
@@ -262,19 +268,11 @@ def test_the_c_overwrite_and_the_python_set_agree(tmp_path_factory, ops):
             seen = []
             for c, mode in caches:
                 with mode():
-                    if op == "set":
-                        c.set(key, values[v])
-                    elif op == "big":
+                    if op == "big":
                         with pytest.raises(ValueError):
                             c.set(key, b"x" * 501)
-                    elif op == "get":
-                        seen.append(c.get(key))
-                    elif op == "set_ttl":
-                        c.set(key, values[v], expire=3600)
-                    elif op == "delete":
-                        seen.append(c.delete(key))
                     else:
-                        c.flush()
+                        seen.append(_step(c, op, key, values[v]))
                     seen.append((c._last_lsn, _log_bytes(c), _pages(c), c.stats().sets,
                                  c._tier.resident_bytes, c._tier.locked_ticks,
                                  list(c._tier.dirty)))
