@@ -63,6 +63,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from ._threads import start_thread
 from .errors import FlushTimeoutError, HeldKeyError, LogFileGoneError, WriteBehindError
 from .stats import FLUSH_PAGES_BUCKETS, FLUSH_SECONDS_BUCKETS, Histogram
 
@@ -155,7 +156,7 @@ class WriteBehindBatcher:
     # -- control -------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        start_thread(self._thread)
 
     @property
     def alive(self) -> bool:

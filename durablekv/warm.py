@@ -59,6 +59,7 @@ import time
 import zlib
 
 from ._perms import replace_private_file
+from ._threads import start_thread
 from .config import _OPEN, _REAL_MONOTONIC
 from .errors import CorruptStoreError, StoreError
 from .recovery import _count_of
@@ -226,7 +227,7 @@ class WarmRestart:
         tier.locked_ticks += 1
         self._warm_thread = threading.Thread(target=self._warm_run,
                                              name=f"durablekv-warm[{self.name}]", daemon=True)
-        self._warm_thread.start()
+        start_thread(self._warm_thread)
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Wait for the warm restart's preload to end (its list done, the
@@ -333,7 +334,7 @@ class WarmRestart:
         """Wait for the preload thread (close; the state is no longer open,
         so it stops at its next batch)."""
         t = getattr(self, "_warm_thread", None)
-        if t is not None and t is not threading.current_thread():
+        if t is not None and t is not threading.current_thread() and t.is_alive():
             t.join()
 
     # -- saving ------------------------------------------------------------------------

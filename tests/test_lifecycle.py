@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,50 @@ def test_an_exception_from_a_signal_handler_never_leaves_the_lock_held(tmp_path)
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert interrupted == 300
+
+
+class _CutShort(threading.Event):
+    """The wait at the end of Thread.start(), ended by an exception the way a
+    signal handler's (Ctrl-C; SIGTERM in ``durablekv replay``) ends it: the
+    thread is launched and runs, but has not yet reported that it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = False
+
+    def wait(self, timeout=None):
+        if not self.cut and threading.current_thread() is threading.main_thread():
+            self.cut = True
+            raise KeyboardInterrupt
+        return super().wait(timeout)
+
+
+@pytest.mark.parametrize("thread", ["durablekv-batcher", "durablekv-warm"])
+def test_an_interrupt_while_open_starts_a_thread_still_closes_cleanly(tmp_path, monkeypatch,
+                                                                    thread):
+    """Seen in CI as 'cannot join thread before it is started' when SIGTERM
+    reached a replay as it reopened its cache: the unwinding open must wait
+    for the half-started thread and release the directory."""
+    path = tmp_path / "c"
+    with opened(path) as cache:
+        cache["k"] = b"v"  # so a reopen has a warm list to preload
+    start = threading.Thread.start
+    cut = []
+
+    def interrupted_start(self):
+        if self.name.startswith(thread + "["):
+            self._started = _CutShort()  # Thread.start waits on this Event
+            cut.append(self)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    with pytest.raises(KeyboardInterrupt):
+        Cache(path)
+    monkeypatch.undo()
+    assert len(cut) == 1 and not cut[0].is_alive()  # waited for, and stopped
+    assert not [t for t in threading.enumerate() if t.name.startswith("durablekv-")]
+    with opened(path) as cache:  # the directory lock was released
+        assert cache["k"] == b"v"
 
 
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])

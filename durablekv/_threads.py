@@ -1,0 +1,35 @@
+"""Starting a background thread so that close can always wait for it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """``thread.start()``, settled even when a signal handler's exception
+    cuts it short.
+
+    ``Thread.start`` launches the OS thread and then waits for it to report
+    that it runs. An exception raised by a signal handler during that wait
+    (Ctrl-C; SIGTERM in ``durablekv replay``) leaves a thread that runs but
+    that ``is_alive()`` reports as not started and ``join()`` refuses to wait
+    for, so a close that unwinds from the exception could neither see it nor
+    wait for it. Here the wait is finished first (the thread reports within
+    microseconds of being launched) and the exception then propagates. A
+    thread that could not be launched at all (``RuntimeError: can't start
+    new thread``) is left as it is, not started.
+
+    Raises:
+        whatever ``thread.start()`` raised.
+    """
+    try:
+        thread.start()
+    except BaseException:
+        # Launched: the thread is listed (threading.enumerate() includes the
+        # ones still coming up) until it has run, and is_alive() turns true
+        # once it has reported. Not launched: it was taken off that list
+        # before start() raised.
+        while not thread.is_alive() and thread in threading.enumerate():
+            time.sleep(0.0001)
+        raise
