@@ -161,6 +161,61 @@ def test_batch(http, key):
     assert r.status_code == 415 and error_of(r)
 
 
+
+def test_a_batch_set_needs_value_or_base64(http, key):
+    """A set that names neither is refused as one that names both is; an
+    explicit "value": null stores None (JSON null), as a PUT of null does."""
+    r = http.post("/v1/batch", json={"ops": [
+        {"op": "set", "key": key},
+        {"op": "set", "key": key + "n", "value": None},
+        {"op": "set", "key": key + "b", "value": None, "base64": "AAE="},
+        {"op": "set", "key": key + "v", "value": 1, "base64": None},
+        {"op": "get", "key": key}]})
+    assert r.status_code == 200
+    res = r.json()["results"]
+    assert [x["status"] for x in res] == [400, 204, 400, 204, 404], res
+    assert res[0]["error"].startswith("bad set: ")
+    assert '"value"' in res[0]["error"] and '"base64"' in res[0]["error"]
+    assert "null" in res[0]["error"]                  # how to store None on purpose
+    assert "not both" in res[2]["error"]
+    assert http.get(f"/v1/keys/{key}").status_code == 404  # nothing stored
+    got = http.get(f"/v1/keys/{key}n")
+    assert (got.status_code, got.headers["content-type"], got.json()) == \
+        (200, "application/json", None)
+    assert http.get(f"/v1/keys/{key}b").status_code == 404
+    assert http.get(f"/v1/keys/{key}v").json() == 1
+
+
+def test_a_put_of_an_empty_json_body_says_what_to_send(http, key):
+    """The PUT route's form of a missing value: Content-Type: application/json
+    and no body. A 400 that says so and how to store None; a body-less PUT
+    without a JSON Content-Type stores empty bytes, as documented."""
+    http.put(f"/v1/keys/{key}", json="before")
+    for body in (b"", b"  \n"):
+        r = http.put(f"/v1/keys/{key}", content=body,
+                     headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        detail = error_of(r)["detail"]
+        assert "the body is empty" in detail and "null" in detail, detail
+    assert http.get(f"/v1/keys/{key}").json() == "before"
+    assert http.put(f"/v1/keys/{key}", content=b"null",
+                    headers={"content-type": "application/json"}).status_code == 204
+    assert http.get(f"/v1/keys/{key}").json() is None
+    assert http.put(f"/v1/keys/{key}").status_code == 204
+    got = http.get(f"/v1/keys/{key}")
+    assert (got.headers["content-type"], got.content) == ("application/octet-stream", b"")
+
+
+def test_malformed_batch_json_gets_the_batch_routes_advice(http):
+    """Any Content-Type but JSON is a 415 on /v1/batch, so its 400 must not
+    suggest one (the PUT route's advice)."""
+    for body in (b"{", b"", b"[NaN]"):
+        r = http.post("/v1/batch", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        detail = error_of(r)["detail"]
+        assert "another Content-Type" not in detail and "as they are" not in detail, detail
+        assert '{"ops": [' in detail and "Content-Type: application/json" in detail, detail
+
 def test_healthz_needs_no_token_and_metrics_does(server, http):
     assert httpx.get(server.url + "/healthz").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 401

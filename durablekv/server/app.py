@@ -96,7 +96,8 @@ class BatchOp(BaseModel):
     op: Literal["get", "set", "delete"]
     key: str = Field(min_length=1, description="a key over the server's limit gets "
                      "status 414 in its result")
-    value: Any = Field(None, description="set: the JSON value to store")
+    value: Any = Field(None, description="set: the JSON value to store (null stores null); "
+                       "a set gives value or base64, exactly one")
     base64: str | None = Field(None, description="set: bytes to store, base64 "
                                "(instead of value)")
     ttl: float | None = Field(None, ge=0, le=MAX_TTL_SECONDS, allow_inf_nan=False,
@@ -174,15 +175,29 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
-def decode_json(body: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity. :raises ApiError: 400 malformed JSON."""
+#: What to do about a JSON body that does not parse, by route: a PUT may
+#: store any other body as bytes; a batch is JSON or a 415.
+PUT_JSON_ADVICE = ("send a JSON value with Content-Type: application/json (null stores "
+                   "None), or another Content-Type to store the bytes as they are")
+BATCH_JSON_ADVICE = ('send the batch as a JSON object, {"ops": [{"op": "get", "key": "k"}, '
+                     '...]}, with Content-Type: application/json')
+
+
+def decode_json(body: bytes, advice: str = PUT_JSON_ADVICE) -> Any:
+    """Strict JSON: no NaN/Infinity. ``advice``: what the 400 tells the
+    client to do instead (the route's own choices).
+
+    :raises ApiError: 400 malformed JSON (an empty body included: it is no
+        JSON value, not a null)."""
+    if not body.strip():
+        raise ApiError(400, "malformed JSON", f"the body is empty, which is no JSON value; "
+                       f"{advice}")
     try:
         return json.loads(body, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
         detail = exc.args[0] if isinstance(exc, ValueError) and exc.args else repr(exc)
         raise ApiError(400, "malformed JSON", f"the body is not valid JSON ({detail}); "
-                       "send JSON with Content-Type: application/json, or another "
-                       "Content-Type to store the bytes as they are") from None
+                       f"{advice}") from None
 
 
 def encode_json(value: Any) -> bytes:
@@ -547,7 +562,8 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
             raise ApiError(415, "wrong Content-Type", "a batch is JSON: send it with "
                            "Content-Type: application/json")
         try:
-            req = BatchRequest.model_validate(decode_json(await read_body(request)))
+            req = BatchRequest.model_validate(decode_json(await read_body(request),
+                                                          BATCH_JSON_ADVICE))
         except ValidationError as exc:
             raise ApiError(422, "invalid batch", _validation_detail(exc.errors())) from None
         results = []
@@ -569,6 +585,16 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
                 return {"status": 200, "value": json.loads(encode_json(value))}
             if op.op == "delete":
                 return {"status": 204 if await call(backend.delete(op.key)) else 404}
+            # An explicit "value": null stores None (JSON null, as a PUT of
+            # null does); a set that names no value at all is a mistake, not a
+            # request to store null. "base64": null names no bytes.
+            has_value = "value" in op.model_fields_set
+            if has_value and op.base64 is not None:
+                raise ApiError(400, "bad set", "give value or base64, not both")
+            if not has_value and op.base64 is None:
+                raise ApiError(400, "bad set", 'a set needs "value" (the JSON value to store; '
+                               '"value": null stores null) or "base64" (bytes to store); '
+                               "this one has neither")
             if op.base64 is not None:
                 try:
                     value = base64.b64decode(op.base64, validate=True)
@@ -576,8 +602,6 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
                     raise ApiError(400, "bad base64", "base64 is not valid base64") from None
             else:
                 value = op.value
-            if op.value is not None and op.base64 is not None:
-                raise ApiError(400, "bad set", "give value or base64, not both")
             try:
                 await call(backend.set(op.key, value, op.ttl))
             except ValueError as exc:
