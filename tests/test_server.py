@@ -216,6 +216,21 @@ def test_malformed_batch_json_gets_the_batch_routes_advice(http):
         assert "another Content-Type" not in detail and "as they are" not in detail, detail
         assert '{"ops": [' in detail and "Content-Type: application/json" in detail, detail
 
+
+def test_types_json_lacks_come_back_as_json_has_them(tmp_path):
+    """What docs/server.md says of values over JSON: the library keeps a tuple
+    a tuple and an int dict key an int; over HTTP they are an array and a
+    string key."""
+    from durablekv import Cache
+    with Cache(tmp_path / "c") as cache:
+        cache["t"] = (1, (2.0, "x"))
+        cache["d"] = {1: "a", None: (3,)}
+    with Cache(tmp_path / "c") as cache:
+        assert cache["t"] == (1, (2.0, "x")) and type(cache["t"]) is tuple
+    with running_server(tmp_path / "c") as srv, Client(srv.url) as kv:
+        assert kv["t"] == [1, [2.0, "x"]] and type(kv["t"][1][0]) is float
+        assert kv["d"] == {"1": "a", "null": [3]}
+
 def test_healthz_needs_no_token_and_metrics_does(server, http):
     assert httpx.get(server.url + "/healthz").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 401

@@ -201,8 +201,10 @@ def decode_json(body: bytes, advice: str = PUT_JSON_ADVICE) -> Any:
 
 
 def encode_json(value: Any) -> bytes:
-    """A stored value as JSON. :raises ApiError: 406 when it has no JSON form
-    (bytes inside a list, a NaN, non-str dict keys stored by a library user)."""
+    """A stored value as JSON. A tuple becomes an array, and a dict key that
+    is an int, float, bool or None becomes a string (``json.dumps``'s rules).
+    :raises ApiError: 406 when it has no JSON form (bytes inside a list, a
+    NaN, a bytes or tuple dict key, stored by a library user)."""
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False,
                           separators=(",", ":")).encode("utf-8", "surrogatepass")
