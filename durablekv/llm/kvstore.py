@@ -31,6 +31,7 @@ correct, and one bad block should not stop serving.
 
 from __future__ import annotations
 
+import os
 import struct
 import warnings
 import zlib
@@ -75,6 +76,29 @@ def _check_hash(block_hash: Any) -> bytes:
         raise TypeError(f"a block hash is {HASH_BYTES} bytes from block_hashes(), not "
                         f"{type(block_hash).__name__} {block_hash!r:.60}")
     return block_hash
+
+
+#: What KVBlockStore calls on its cache (besides ``in``).
+_CACHE_METHODS = ("get", "set", "delete")
+
+
+def _check_cache(cache: Any) -> None:
+    """Refuse, at construction, what the first ``put`` or spill would fail on
+    with an AttributeError far from the mistake (a path given for a Cache)."""
+    missing = [m for m in _CACHE_METHODS if not callable(getattr(cache, m, None))]
+    if not missing and hasattr(type(cache), "__contains__"):
+        return
+    what = f"{type(cache).__name__} {cache!r:.60}"
+    if isinstance(cache, (str, bytes, os.PathLike)):
+        path = os.fsdecode(cache)
+        raise TypeError(f"KVBlockStore needs an open durablekv Cache, not the path {what}; "
+                        f"open the cache and pass it: KVBlockStore(Cache({path!r})) "
+                        "(from durablekv import Cache; the KVBlockStore does not close it)")
+    raise TypeError(f"KVBlockStore needs an open durablekv Cache (or an object with its "
+                    f"get, set, delete and `in`), not {what}"
+                    + (f", which has no {' or '.join(m + '()' for m in missing)}"
+                       if missing else "")
+                    + "; pass KVBlockStore(Cache(directory))")
 
 
 def encode_block(block_hash: bytes, kv: np.ndarray) -> bytes:
@@ -158,6 +182,9 @@ class KVBlockStore:
         mapping API). The KVBlockStore does not close it.
     :param on_corrupt: ``"miss"`` (default: warn, delete, return None) or
         ``"raise"`` (:class:`KVBlockCorruptError`), for a damaged block.
+    :raises TypeError: ``cache`` lacks that API (a path, say: open the Cache
+        first, ``KVBlockStore(Cache("var/kv"))``).
+    :raises ConfigError: a bad ``on_corrupt``.
 
     Counters (ints since construction): ``puts``, ``hits``, ``misses``,
     ``corrupt``. Thread-safety: the Cache is thread-safe; the counters are
@@ -167,6 +194,7 @@ class KVBlockStore:
     def __init__(self, cache: Any, *, on_corrupt: str = "miss") -> None:
         if on_corrupt not in ("miss", "raise"):
             raise ConfigError(f"on_corrupt must be 'miss' or 'raise', not {on_corrupt!r}")
+        _check_cache(cache)
         self.cache = cache
         self.on_corrupt = on_corrupt
         self.puts = self.hits = self.misses = self.corrupt = 0

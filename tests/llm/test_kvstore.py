@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,3 +114,29 @@ def test_bad_arguments(cache):
         store.put(HASHES[0], [1.0, 2.0])
     with pytest.raises(TypeError, match="must hold numbers"):
         store.put(HASHES[0], np.array(["a"], dtype=object))
+
+
+@pytest.mark.parametrize("wrong", ["var/kv", Path("var/kv"), b"var/kv", {}, None, 3])
+def test_a_path_or_other_non_cache_is_refused_at_construction(wrong):
+    """KVBlockStore("var/kv") used to be accepted and failed at the first
+    spill with AttributeError; it is a TypeError now, naming what to pass."""
+    with pytest.raises(TypeError) as info:
+        KVBlockStore(wrong)
+    msg = str(info.value)
+    assert "durablekv Cache" in msg and type(wrong).__name__ in msg
+    if isinstance(wrong, (str, Path)):
+        assert f"KVBlockStore(Cache({str(wrong)!r}))" in msg
+
+
+def test_a_mapping_with_the_cache_api_is_accepted(cache):
+    """Anything with the Cache's set/get/delete and `in` will do (the docstring
+    promises that), such as a ShardedCache."""
+    class Mini(dict):
+        def set(self, key, value):
+            self[key] = value
+
+        def delete(self, key):
+            return self.pop(key, None) is not None
+    store = KVBlockStore(Mini())
+    store.put(HASHES[0], np.ones(3))
+    assert np.array_equal(store.get(HASHES[0]), np.ones(3))
