@@ -448,8 +448,14 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult,
                          "CRC, which a crash or power loss during its write leaves, and a "
                          "flipped bit on disk too: if neither happened since it was "
                          "written, the open drops a write that was acknowledged")
-            r.note(f"{path}: torn tail at offset {damage.offset} ({damage.detail}, "
-                   f"{size - scan.good_end} bytes); it is cut off at the next open{whole}")
+            if scan.torn_unused:
+                what = (f"{damage.detail}): a torn record of "
+                        f"{size - scan.good_end - scan.torn_unused} bytes, then "
+                        f"{scan.torn_unused} bytes of unused preallocated space (zero-filled)")
+            else:
+                what = f"{damage.detail}, {size - scan.good_end} bytes)"
+            r.note(f"{path}: torn tail at offset {damage.offset} ({what}; it is cut off at the "
+                   f"next open{whole}")
         else:  # refused
             if salvageable is None:
                 salvageable = pending

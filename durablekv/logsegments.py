@@ -465,6 +465,11 @@ class SegmentScan(NamedTuple):
     :ivar resumed: the checkpoint position the scan started from, or None
         (it parsed the whole segment).
     :ivar resume_refused: why the position given was not used, or None.
+    :ivar torn_unused: when ``damage`` is a torn tail (the last segment, no
+        intact record behind it): how many of the bytes from ``good_end`` to
+        the end of the file are the unused, zero-filled end of a preallocated
+        segment after the torn record (see :func:`split_torn_tail`); 0
+        otherwise. The torn record is the rest.
     """
 
     records: list[tuple]
@@ -476,6 +481,7 @@ class SegmentScan(NamedTuple):
     unused_end: bool = False
     resumed: Position | None = None
     resume_refused: str | None = None
+    torn_unused: int = 0
 
 
 #: A mapped segment grows by whole preallocation steps, each a multiple of
@@ -497,6 +503,36 @@ def is_unused_end(data: bytes, good_end: int) -> bool:
     size = len(data)
     return (good_end < size and size % PREALLOC_ALIGN == 0
             and _next_nonzero(data, good_end) is None)
+
+
+def split_torn_tail(data: bytes, offset: int) -> tuple[int, int]:
+    """``(torn, unused)``: how the torn tail ``data[offset:]`` of a last
+    segment divides into the torn record and the unused, zero-filled end of a
+    preallocated segment after it.
+
+    A process killed while it stored a record into a mapped segment leaves
+    the record torn (some of its bytes stored) and the rest of the
+    preallocated file zero-filled, as :func:`is_unused_end` describes. The
+    torn record ends where its length field says, when that end lies within
+    the file and only zeros follow it; otherwise (a length field cut short or
+    garbage) at its last nonzero byte. ``unused`` is 0 unless the file's
+    size is a multiple of :data:`PREALLOC_ALIGN`: a zero-filled tail of any
+    other size is what a power loss leaves behind write(2) appends, all of
+    it torn.
+    """
+    size = len(data)
+    if offset >= size or size % PREALLOC_ALIGN:
+        return size - offset, 0
+    end = None
+    if offset + HEADER.size <= size:
+        n = HEADER.unpack_from(data, offset)[0]
+        if PAYLOAD.size <= n <= _MAX_RECORD and offset + HEADER.size + n <= size:
+            end = offset + HEADER.size + n
+    if end is None or _next_nonzero(data, end) is not None:
+        end = _last_nonzero_end(data, offset)
+        if end == offset:  # all zeros: no record to tell apart (is_unused_end's case)
+            return size - offset, 0
+    return end - offset, size - end
 
 
 def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
@@ -543,8 +579,11 @@ def scan_segment(data: bytes, after_lsn: int, next_segment: str | None,
 
     def scan(damage: _Damage | None, good_end: int, intact_after: bool,
              unused_end: bool = False) -> SegmentScan:
+        torn_unused = 0
+        if damage is not None and next_segment is None and not intact_after:
+            torn_unused = split_torn_tail(data, good_end)[1]
         return SegmentScan(records, runs, stepped, damage, good_end, intact_after, unused_end,
-                           resumed, refused)
+                           resumed, refused, torn_unused)
 
     def hides_nothing(lsn_behind: int) -> str | None:
         if lsn_behind <= after_lsn + 1:
@@ -634,6 +673,21 @@ def _next_nonzero(data: bytes, start: int) -> int | None:
         pos += step
         step = min(step * 2, 64 << 10)
     return None
+def _last_nonzero_end(data: bytes, start: int) -> int:
+    """Offset just past the last nonzero byte of ``data`` at or after
+    ``start`` (``start`` when there is none): :func:`_next_nonzero` from the
+    end, in chunks that double from 64 bytes to 64 KiB."""
+    pos, step = len(data), 64
+    while pos > start:
+        lo = max(start, pos - step)
+        chunk = data[lo:pos]
+        if chunk != (_ZERO_BLOCKS.get(len(chunk)) or bytes(len(chunk))):
+            return lo + len(chunk.rstrip(b"\0"))
+        pos = lo
+        step = min(step * 2, 64 << 10)
+    return start
+
+
 #: Candidate offsets tried by resync searches in this process (tests read it
 #: to bound the work a damaged tail costs).
 resync_probes = 0

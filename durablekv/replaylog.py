@@ -154,7 +154,11 @@ class RecoveryResult:
         usually a ``_native.Records`` that makes each tuple when it is read
         (see :func:`~durablekv.logsegments.join_records`).
     :ivar torn_records: torn tails cut off (0 or 1).
-    :ivar torn_bytes: bytes cut off with them.
+    :ivar torn_bytes: bytes cut off with them: the torn record, and the
+        unused end of a preallocated segment after it when there is one.
+    :ivar torn_unused_bytes: how many of ``torn_bytes`` were that unused,
+        zero-filled end (no record was ever in them; see
+        :func:`~durablekv.logsegments.split_torn_tail`).
     :ivar salvaged: segments that salvage gave up on (``salvage=True``
         only): the damaged one and every later one. They are still in place;
         :meth:`ReplayLog.set_aside` moves them aside once the records kept
@@ -169,6 +173,7 @@ class RecoveryResult:
     torn_bytes: int
     salvaged: list[str]
     salvaged_bytes: int = 0
+    torn_unused_bytes: int = 0
 
 
 class ReplayLog:
@@ -277,7 +282,7 @@ class ReplayLog:
         """
         segments = list_segments(self.directory)
         out: list[Sequence[tuple]] = []  # the records kept, a chunk per segment
-        torn = torn_bytes = 0
+        torn = torn_bytes = torn_unused = 0
         salvaged: list[str] = []
         lost: tuple[int, str] = (0, "")  # where salvage gives up in salvaged[0], and why
         salvaged_bytes = 0
@@ -323,8 +328,17 @@ class ReplayLog:
                 # a torn tail (see scan_segment): a crash cut the last append short
                 torn += 1
                 torn_bytes += size - good_end
-                log.warning("replay log %s: cut a torn tail of %d bytes at offset %d (%s)",
-                            path, size - good_end, damage.offset, damage.detail)
+                torn_unused += scan.torn_unused
+                if scan.torn_unused:
+                    # killed while it stored a record into a mapped segment:
+                    # the preallocated rest of the file was never used
+                    log.warning("replay log %s: cut a torn record of %d bytes at offset %d "
+                                "(%s), and the %d bytes of unused preallocated space after "
+                                "it (zero-filled)", path, size - good_end - scan.torn_unused,
+                                damage.offset, damage.detail, scan.torn_unused)
+                else:
+                    log.warning("replay log %s: cut a torn tail of %d bytes at offset %d (%s)",
+                                path, size - good_end, damage.offset, damage.detail)
                 if good_end == 0:
                     os.unlink(path)
                 else:
@@ -398,7 +412,8 @@ class ReplayLog:
         if synced or torn:
             _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
-        return RecoveryResult(join_records(out), torn, torn_bytes, salvaged, salvaged_bytes)
+        return RecoveryResult(join_records(out), torn, torn_bytes, salvaged, salvaged_bytes,
+                              torn_unused)
 
     def _position_for(self, segments: list[str]) -> Position | None:
         """The saved checkpoint position when it names the first segment of

@@ -109,6 +109,99 @@ def test_a_record_cut_short_is_a_torn_tail_with_no_word_of_acknowledgement(tmp_p
     assert rc == 0 and "cut short" in torn and "acknowledged" not in torn, lines
 
 
+
+def torn_in_a_mapped_segment(directory: Path, written: int) -> tuple[str, int, int, int]:
+    """Set a, b, c, crash; then leave the segment as a SIGKILL during the
+    store of c into a mapped segment does: only the first ``written`` bytes of
+    c's record stored, zeros after them to the end of a preallocated file (a
+    multiple of 4096 bytes, with room to spare). Returns the segment, c's
+    offset, its record's length and the file size."""
+    seg, offsets = write_abc(directory)
+    data = Path(seg).read_bytes()
+    record = data[offsets[2]:]
+    assert written < len(record)
+    size = (len(data) // 4096 + 3) * 4096
+    shaped = data[:offsets[2]] + record[:written]
+    Path(seg).write_bytes(shaped + bytes(size - len(shaped)))
+    return seg, offsets[2], len(record), size
+
+
+@pytest.mark.parametrize("written", [6, 20, 40])
+def test_a_torn_record_and_the_unused_end_after_it_are_reported_apart(tmp_path, caplog, capsys,
+                                                                      written):
+    """A process killed while it stored a record into a mapped segment leaves
+    the record torn and the preallocated rest of the file zero-filled. The
+    open cut both, but said "a torn tail of <both> bytes", which read as a big
+    loss; it names the record's bytes and the unused bytes apart, and counts
+    one torn record, as ever."""
+    d = tmp_path / "c"
+    seg, offset, record, size = torn_in_a_mapped_segment(d, written)
+    unused = size - offset - record
+    rc, lines = check_out(d, capsys)
+    (torn,) = [line for line in lines if "torn tail" in line]
+    lsn = 3 if written >= HEADER.size else 0  # (a header cut short has zeros for its LSN)
+    assert rc == 0 and torn.startswith(f"note    {seg}: torn tail at offset {offset} (CRC "
+                                       f"mismatch in record LSN {lsn}"), torn
+    assert (f"a torn record of {record} bytes, then {unused} bytes of unused preallocated "
+            "space (zero-filled)") in torn, torn
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+        with Cache(d) as cache:
+            assert dict(cache.items()) == {"a": "A" * 10, "b": "B" * 10}
+            assert cache.stats().torn_records == 1 and cache.stats().salvaged_bytes == 0
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == (f"replay log {seg}: cut a torn record of {record} bytes at offset "
+                       f"{offset} (CRC mismatch in record LSN {lsn}), and the {unused} bytes of "
+                       "unused preallocated space after it (zero-filled)"), warning
+
+
+def test_the_recovery_result_keeps_torn_bytes_whole_and_names_the_unused_part(tmp_path):
+    """RecoveryResult.torn_bytes still counts every byte cut with the torn
+    record (its meaning is unchanged); torn_unused_bytes says how many of them
+    were the unused preallocated end."""
+    from durablekv.replaylog import ReplayLog
+    seg, offset, record, size = torn_in_a_mapped_segment(tmp_path / "c", 20)
+    log = ReplayLog(str(tmp_path / "c"), durability="log")
+    try:
+        result = log.recover(0)
+    finally:
+        log.close()
+    assert [r[0] for r in result.records] == [1, 2]
+    assert (result.torn_records, result.torn_bytes, result.torn_unused_bytes) == \
+        (1, size - offset, size - offset - record)
+
+
+def test_split_torn_tail_finds_where_the_torn_record_ends():
+    from durablekv.logsegments import encode_record, split_torn_tail
+    rec = encode_record(7, 1, b"key", b"value" * 10, None)
+    torn = rec[:30] + bytes(len(rec) - 30)            # the rest of the record not stored
+    assert split_torn_tail(torn + bytes(8192 - len(rec)), 0) == (len(rec), 8192 - len(rec))
+    # garbage past the record's end: torn up to the last nonzero byte
+    garbage = torn + b"\x01\x02" + bytes(8192 - len(rec) - 2)
+    assert split_torn_tail(garbage, 0) == (len(rec) + 2, 8192 - len(rec) - 2)
+    # a length field that names no record (too short, or past the end of the file)
+    for head in (b"\x05\x00\x00\x00", b"\xff\xff\xff\x00"):
+        bad = head + b"\x09" * 10 + bytes(4096 - 14)
+        assert split_torn_tail(bad, 0) == (14, 4096 - 14)
+    # not a preallocated file's size: all of it is the torn tail
+    assert split_torn_tail(torn + bytes(5000), 0) == (len(torn) + 5000, 0)
+    # at an offset inside the file
+    assert split_torn_tail(b"x" * 100 + torn + bytes(4096 - 100 - len(rec)), 100) == \
+        (len(rec), 4096 - 100 - len(rec))
+
+def test_a_zero_filled_tail_not_from_a_mapped_segment_stays_one_torn_tail(tmp_path, caplog):
+    """Zeros after a torn record in a file whose size is no multiple of 4096
+    are what a power loss leaves behind write(2) appends: no unused space is
+    claimed there (docs/durability.md), the message is as before."""
+    seg, offsets = write_abc(tmp_path / "c")
+    data = Path(seg).read_bytes()
+    torn = data[:offsets[2] + 20] + bytes(len(data) - offsets[2] - 20 + 5000)
+    assert len(torn) % 4096
+    Path(seg).write_bytes(torn)
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+        assert contents(tmp_path / "c") == {"a": "A" * 10, "b": "B" * 10}
+    assert (f"cut a torn tail of {len(torn) - offsets[2]} bytes at offset {offsets[2]} "
+            "(CRC mismatch in record LSN 3)") in caplog.text
+
 @pytest.mark.parametrize("where", ["header", "payload"])
 def test_br022_flipped_byte_before_the_tail_is_corruption(tmp_path, where):
     """br022 step 5: the CRC catches a flipped byte in record b; c behind it is
