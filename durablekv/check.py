@@ -58,6 +58,10 @@ class CheckResult:
         self.damaged = True
         self.lines.append(f"DAMAGE  {msg}")
 
+    def next(self, msg: str) -> None:
+        """What to do about the damage above."""
+        self.lines.append(f"next    {msg}")
+
     def error(self, msg: str) -> None:
         """Could not check (not damage)."""
         self.ok = False
@@ -86,8 +90,12 @@ def _check_shards(directory: str, r: CheckResult) -> CheckResult:
     return _finish(r)
 
 
-def check_directory(directory: str) -> CheckResult:
-    """Verify ``directory``; see the module docstring. Never raises for damage."""
+def check_directory(directory: str, *, log: bool = True) -> CheckResult:
+    """Verify ``directory``; see the module docstring. Never raises for damage.
+
+    :param log: also read the replay log (False: the page store alone, as
+        ``durablekv salvage --on-corruption rebuild`` does before it opens).
+    """
     r = CheckResult()
     if not os.fspath(directory):
         # abspath('') is the current directory: checking it would answer a
@@ -139,7 +147,7 @@ def check_directory(directory: str) -> CheckResult:
         r.error(f"{directory}: cannot be locked for the check ({exc.strerror})")
         return _finish(r)
     try:
-        _check_contents(directory, r)
+        _check_contents(directory, r, log)
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
@@ -147,9 +155,10 @@ def check_directory(directory: str) -> CheckResult:
     return _finish(r)
 
 
-def _check_contents(directory: str, r: CheckResult) -> None:
+def _check_contents(directory: str, r: CheckResult, log: bool = True) -> None:
     marker = os.path.join(directory, STORE_FILE + ".damaged")
     store = os.path.join(directory, STORE_FILE)
+    marked = False
     if os.path.exists(marker) and not os.path.exists(store):
         r.note(f"{marker}: left by a store that is gone (moved aside by a rebuild, or "
                "deleted); the next open removes it")
@@ -161,7 +170,13 @@ def _check_contents(directory: str, r: CheckResult) -> None:
               f"`durablekv salvage --on-corruption rebuild {shlex.quote(directory)}`, to "
               "move it aside and start empty, applying the replay log, or delete the "
               "marker if the store checks clean)")
+        marked = True
+    damage_before = len(r.lines)
     checkpoint = _check_store(directory, r)
+    if not marked and any(line.startswith("DAMAGE") for line in r.lines[damage_before:]):
+        r.next(_rebuild_advice(directory))
+    if not log:
+        return
     _check_log(directory, checkpoint, r, r.serializer)
     for name in sorted(os.listdir(directory)):
         if name.startswith("replay-") and name.endswith(".damaged"):
@@ -296,17 +311,33 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
     bad = problems.append
     seen = set()
     pages = entries = 0
+    # Keys the index places in a page that cannot be read are that page's
+    # damage, said on its line, not an "orphaned index row" each.
+    unreadable: set[Any] = set()
+    keys_in: dict[Any, int] | None = None
+
+    def their_keys(pid: Any) -> str:
+        nonlocal keys_in
+        if keys_in is None:
+            keys_in = {}
+            for page, _exp in index.values():
+                keys_in[page] = keys_in.get(page, 0) + 1
+        unreadable.add(pid)
+        k = keys_in.get(pid, 0)
+        return (f" (the {k} key{'s' if k != 1 else ''} the index places in it cannot be "
+                "read)" if k else "")
+
     for pid, n, data, crc in page_rows:
         pages += 1
         if checksums and page_crc(pid, n, data) != crc:
             bad(f"page {pid!r}: fails its checksum (stored {crc!r}, computed "
                 f"{page_crc(pid, n, data)}): its blob or entry count was changed on disk; "
-                "a read of it raises CorruptStoreError")
+                f"a read of it raises CorruptStoreError{their_keys(pid)}")
             continue
         try:
             got = list(decode_page(data))
         except ValueError as exc:
-            bad(f"page {pid}: cannot be decoded ({exc})")
+            bad(f"page {pid}: cannot be decoded ({exc}){their_keys(pid)}")
             continue
         if len(got) != n:
             bad(f"page {pid}: holds {len(got)} entries, its row says {n}")
@@ -331,7 +362,7 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
                     f"in page {row[0]}")
             elif row[1] != exp:
                 bad(f"page {pid} slot {slot}: expire_at {exp} but the index says {row[1]}")
-    orphans = set(index) - seen
+    orphans = {ck for ck in set(index) - seen if index[ck][0] not in unreadable}
     for ck in list(orphans)[:10]:
         bad(f"index row {decode_key(ck)!r} points at page {index[ck][0]}, which does not hold it")
     if len(orphans) > 10:
@@ -339,6 +370,18 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
     if key_count != len(index):
         bad(f"meta key_count={key_count} but the index has {len(index)} keys")
     return problems, pages, entries
+
+
+def _rebuild_advice(directory: str) -> str:
+    """What store damage asks of the user. An open reads no more of the store
+    than it needs, so it may not see what check found until a read meets it;
+    salvage --on-corruption rebuild checks the store first, as check does."""
+    return (f"{os.path.join(directory, STORE_FILE)}: to repair the store, run `durablekv "
+            f"salvage --on-corruption rebuild {shlex.quote(directory)}`: it checks the store "
+            f"as this does, moves a damaged one aside ({STORE_FILE}.corrupt-*, kept for "
+            "inspection) and builds a new one from the replay log, so the entries only the "
+            "damaged store held are gone from the cache (to be computed again); or restore "
+            "the directory from a backup")
 
 
 #: What a damaged log asks of the user: the next open refuses it.

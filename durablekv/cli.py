@@ -523,7 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the one its store records; needed when pages.sqlite3 is missing)")
     s.add_argument("--on-corruption", choices=("raise", "rebuild"), default="raise",
                    help="a damaged page store: stop (default), or move it aside and start "
-                   "empty, then apply the replay log (as replay --on-corruption does)")
+                   "empty, then apply the replay log (as replay --on-corruption does); "
+                   "rebuild first checks the whole store as `durablekv check` does, so it "
+                   "also finds damage an open does not look for (a page failing its checksum)")
     s.set_defaults(func=_cmd_salvage)
 
     b = sub.add_parser("llm-bench", help="LLM KV blocks: batching, prefix caching, durable tier",
@@ -680,6 +682,16 @@ def _stored_serializer(directory: str) -> str | None:
     """The serializer a store was created with (its meta table), read
     without opening the cache; None when there is no store to read it from.
     A store that cannot be read is left for the open to report."""
+    from .stores.sqlitefile import STORE_FILE
+    if not os.path.isfile(os.path.join(directory, STORE_FILE)):
+        return None
+    value = _stored_meta(directory, "serializer")
+    return "safe" if value is None else str(value)
+
+
+def _stored_meta(directory: str, name: str) -> Any:
+    """A setting from a store's meta table, read without opening the cache;
+    None when there is no store, no such row, or the store cannot be read."""
     from .stores.sqlitefile import STORE_FILE, read_only_uri
     path = os.path.join(directory, STORE_FILE)
     if not os.path.isfile(path):
@@ -688,12 +700,33 @@ def _stored_serializer(directory: str) -> str | None:
     try:
         conn = sqlite3.connect(read_only_uri(path), uri=True)
         try:
-            row = conn.execute("SELECT value FROM meta WHERE name = 'serializer'").fetchone()
+            row = conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
         finally:
             conn.close()
     except sqlite3.DatabaseError:
-        return "safe"
-    return str(row[0]) if row else "safe"
+        return None
+    return row[0] if row else None
+
+
+def _mark_store_damage(directory: str) -> None:
+    """Before a rebuilding salvage: check the page store as ``durablekv
+    check`` does and record damage found in its damage marker, so that the
+    open rebuilds it. An open reads no more of the store than it needs (even
+    rebuild mode's ``quick_check`` sees only SQLite's structure), so a page
+    that fails its checksum, or a key index that disagrees with the pages,
+    would otherwise be left in place, to fail a read later."""
+    from .check import check_directory
+    from .stores.sqlitefile import DAMAGE_MARKER, STORE_FILE, mark_damaged
+    store = os.path.join(directory, STORE_FILE)
+    if not os.path.isfile(store) or os.path.exists(os.path.join(directory, DAMAGE_MARKER)):
+        return  # nothing to check, or the open refuses (rebuilds) it anyway
+    found = [line[8:] for line in check_directory(directory, log=False).lines
+             if line.startswith("DAMAGE")]
+    if found:
+        more = f" (and {len(found) - 1} more problems)" if len(found) > 1 else ""
+        mark_damaged(store, f"durablekv salvage found: {found[0]}{more}")
+        print(f"note    {store}: {found[0]}{more}; marked damaged, so the open below "
+              "rebuilds it")
 
 
 def _cmd_salvage(args: argparse.Namespace) -> int:
@@ -727,10 +760,17 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
             raise ConfigError(f"{directory!r} has a replay log but no {STORE_FILE} to say which "
                               "serializer wrote it; pass --serializer safe (the default when "
                               "the cache was made) or --serializer pickle")
+    page_size = None
+    if args.on_corruption == "rebuild":
+        _mark_store_damage(directory)
+        # A rebuilt store keeps the damaged one's page_size (when it can be
+        # read), so the application opens it with the page_size it passes.
+        stored = _stored_meta(directory, "page_size")
+        page_size = stored if type(stored) is int and stored >= 1 else None
     before = aside()
     # Opening does the salvage; closing flushes and checkpoints. Nothing
     # else is written (unlike `replay --salvage-log`, which then replays).
-    with Cache(directory, salvage_log=True, serializer=serializer,
+    with Cache(directory, salvage_log=True, serializer=serializer, page_size=page_size,
                on_corruption=args.on_corruption) as cache:
         st = cache.stats()
         rebuilt = cache.store_rebuilds

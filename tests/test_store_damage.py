@@ -221,6 +221,70 @@ def test_check_reports_health_and_damage(tmp_path, capsys):
     assert "DAMAGE" in out and "page -5" in out
 
 
+
+def flip_a_page(d: Path) -> tuple[int, list[str]]:
+    """Flip a bit in one stored page blob (its checksum left as it was):
+    SQLite's own checks pass, only the page checksum finds it. Returns the
+    page id and the keys the index places in it."""
+    conn = sqlite3.connect(d / STORE)
+    pid = conn.execute("SELECT page_id FROM pages ORDER BY page_id LIMIT 1 OFFSET 3"
+                       ).fetchone()[0]
+    data = bytearray(conn.execute("SELECT data FROM pages WHERE page_id = ?",
+                                  (pid,)).fetchone()[0])
+    data[len(data) // 2] ^= 0x10
+    conn.execute("UPDATE pages SET data = ? WHERE page_id = ?", (bytes(data), pid))
+    keys = [r[0] for r in conn.execute("SELECT key FROM keys WHERE page_id = ?", (pid,))]
+    conn.commit()
+    conn.close()
+    return pid, keys
+
+
+def test_check_names_the_next_step_for_a_damaged_page_and_that_step_repairs_it(tmp_path,
+                                                                              capsys):
+    """check said "DAMAGE page 6: fails its checksum" and "result DAMAGED"
+    with no next step, where log damage names `durablekv salvage DIR`. It
+    names one for the store, and following it leaves a store that checks
+    healthy, with what the replay log held still there."""
+    d = tmp_path / "c"
+    make_store(d, 40)
+    pid, keys = flip_a_page(d)
+    cache = Cache(d, page_size=4, flush_interval=3600, flush_batch_pages=10**6)
+    cache["only-in-the-log"] = 1        # a write the store has not got, only the log
+    cache._teardown(clean=False)        # as if killed
+    assert main(["check", str(d)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    (page,) = [x for x in lines if x.startswith(f"DAMAGE  page {pid}: fails its checksum")]
+    assert f"the {len(keys)} keys the index places in it cannot be read" in page, page
+    # its keys are that page's damage, not lines of their own
+    assert not [x for x in lines if "which does not hold it" in x], lines
+    (step,) = [x for x in lines if x.startswith("next    ")]
+    assert lines.index(step) == lines.index(page) + 1 and lines[-1] == "result  DAMAGED"
+    assert f"`durablekv salvage --on-corruption rebuild {d}`" in step, step
+    assert "restore the directory from a backup" in step, step
+
+    assert main(["salvage", "--on-corruption", "rebuild", str(d)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(f"page {pid}: fails its checksum" in x and "rebuilds it" in x for x in out), out
+    assert out[-1].startswith("result  REBUILT"), out
+    assert any(p.name.startswith(STORE + ".corrupt-") for p in d.iterdir())
+    assert main(["check", str(d)]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    # the application opens it as before: the new store keeps the old one's page_size
+    with Cache(d, page_size=4) as cache:
+        assert dict(cache.items()) == {"only-in-the-log": 1}
+
+
+def test_salvage_rebuild_of_a_healthy_store_changes_nothing(tmp_path, capsys):
+    """The store check salvage --on-corruption rebuild runs first marks only
+    damage: a healthy store opens as it is."""
+    d = tmp_path / "c"
+    make_store(d, 40)
+    assert main(["salvage", "--on-corruption", "rebuild", str(d)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("result  NOTHING TO SALVAGE")
+    assert not [p for p in d.iterdir() if "corrupt" in p.name or "damaged" in p.name]
+    with Cache(d) as cache:
+        assert len(cache) == 40
+
 def test_check_refuses_an_open_cache_and_reports_the_log(tmp_path, capsys):
     d = tmp_path / "c"
     cache = Cache(d, flush_interval=3600, flush_batch_pages=10**6)
