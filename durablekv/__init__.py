@@ -7,8 +7,8 @@ into a SQLite page store. See README.md and docs/architecture.md.
 
 from .cache import Cache
 from .sharded import ShardedCache
-from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, ConfigError,
-                     CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
+from .errors import (CacheClosedError, CacheFailedError, CacheLockedError, CacheNotOpenError,
+                     ConfigError, CorruptStoreError, DurableKVError, FlushTimeoutError, HeldKeyError,
                      LogCorruptionError, LogError, LogFileGoneError, LogWriteError,
                      MetricsServeError, NamespaceLockedError,
                      SchemaVersionError, StoreError, TraceFormatError, WriteBehindError)
@@ -29,6 +29,7 @@ __all__ = [
     "CacheLockedError",
     "NamespaceLockedError",
     "CacheClosedError",
+    "CacheNotOpenError",
     "CacheFailedError",
     "ConfigError",
     "StoreError",
@@ -50,3 +51,18 @@ __all__ = [
     "ServerUnavailableError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """diskcache's other front doors, which durablekv does not have (see
+    docs/diskcache.md): a lookup says what to use instead."""
+    if name == "FanoutCache":
+        # An ImportError, not an AttributeError: ``from durablekv import
+        # FanoutCache`` (the habit) replaces an AttributeError with its own
+        # "cannot import name", and the way to ShardedCache would be lost.
+        raise ImportError(
+            "durablekv has no FanoutCache; its ShardedCache is the same idea: "
+            "ShardedCache(directory, shards=8) spreads keys over that many Cache shards in "
+            "subdirectories, with the Cache API (from durablekv import ShardedCache; "
+            "docs/sharding.md)", name="durablekv")
+    raise AttributeError(f"module 'durablekv' has no attribute {name!r}", name=name)

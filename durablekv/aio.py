@@ -35,11 +35,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import os
 import sysconfig
 from typing import Any, AsyncIterator, Callable
 
 from .cache import Cache
 from .config import NOWAIT_UNSURE
+from .errors import CacheNotOpenError
 from .pages import HAS_TTL, RESIDENT, SLOTTED
 from .stats import CacheStats
 from . import codec as _codec
@@ -84,7 +86,8 @@ MISS_IN_MEMORY = _MISSING
 class AsyncCache:
     """An asyncio front to a :class:`~durablekv.Cache`.
 
-    :param directory: the cache directory, as for :class:`Cache`.
+    :param directory: the cache directory, as for :class:`Cache` (a leading
+        ``~`` is the user's home directory).
     :param options: keyword arguments of :class:`Cache` (``page_size``,
         ``max_pages``, ``durability``, ``flush_interval``, ...).
     :param max_workers: worker threads for calls that may wait on disk
@@ -94,11 +97,15 @@ class AsyncCache:
     cache.open()``; close with ``await cache.close()``. To drive a Cache you
     opened yourself, use :meth:`wrap` (the Cache then stays yours to close).
 
-    Errors are those of the :class:`Cache` method of the same name.
+    Errors are those of the :class:`Cache` method of the same name; a call
+    before the cache is open raises :class:`~durablekv.errors.CacheNotOpenError`.
     """
 
     def __init__(self, directory: Any = None, *, max_workers: int = 4, **options: Any) -> None:
-        self._directory = directory
+        # expanded here, not only by Cache at open, so that repr() and the
+        # not-open error name the directory that will be opened
+        self._directory = (os.path.expanduser(os.fspath(directory))
+                           if isinstance(directory, (str, os.PathLike)) else directory)
         self._options = options
         self._cache: Cache | None = None
         self._owned = True
@@ -118,10 +125,10 @@ class AsyncCache:
     def cache(self) -> Cache:
         """The underlying :class:`Cache`.
 
-        :raises RuntimeError: not opened yet."""
+        :raises CacheNotOpenError: not opened yet (a ``RuntimeError``)."""
         if self._cache is None:
-            raise RuntimeError("AsyncCache is not open; use 'async with AsyncCache(...)' "
-                               "or 'await cache.open()' first")
+            raise CacheNotOpenError(self._directory if isinstance(self._directory, str)
+                                    else None)
         return self._cache
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -44,14 +44,13 @@ from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable
 
 from . import codec as _codec
-from ._perms import DIR_MODE
 from .atomic import AtomicOps
 from .batcher import WriteBehindBatcher
 from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, _CLOSED, _CLOSING,
                      _FAILED, _FORKED, _Frozen, _MISSING, _OPEN,
-                     _REAL_MONOTONIC, _U32_PACK, _check_clock, _check_config,
-                     _check_expire, _check_timeout, _key_too_long,
-                     _tags_refused)
+                     _REAL_MONOTONIC, _U32_PACK, _cache_path, _check_clock, _check_config,
+                     _check_expire, _check_timeout, _key_too_long, _make_cache_dir,
+                     _not_in_durablekv, _tags_refused, _timeout_refused)
 from .dirlock import _acquire_dir_lock, _move_aside
 from . import pgwire as _pgwire
 from .errors import (CacheClosedError, CacheFailedError, ConfigError, CorruptStoreError,
@@ -70,7 +69,7 @@ from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, _first_lsn_of, list_segmen
 from .replaylog import ReplayLog
 from .scan import Scans
 from .stores.sqlite import SQLitePageStore
-from .stores.sqlitefile import STORE_FILE
+from .stores.sqlitefile import STORE_FILE, check_store_files
 from .writeback import WriteBack
 from .warm import WarmRestart
 from .writes import WritePath
@@ -121,6 +120,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         Holds ``pages.sqlite3``, ``replay-*.log`` segments and ``LOCK``. None
         (or omitted): a new temporary directory, removed with everything in it
         by :meth:`close` (diskcache's ``Cache()``); ``path`` names it.
+        A leading ``~`` is the user's home directory (``os.path.expanduser``,
+        as diskcache does); ``path`` (and ``directory``) is the absolute path.
     :param page_size: slots per page; fixed when the store is created. None
         adopts the stored value (16 for a new store); a different explicit
         value raises :class:`ConfigError`.
@@ -205,8 +206,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         docs/durability.md). The list is only a hint: what a page holds is
         always read from the store. False: the memory tier starts cold and
         no list is read or written.
+    :param timeout: not a setting here: diskcache's SQLite ``timeout`` is
+        ``busy_timeout``, so any value raises ``TypeError`` saying so.
     :raises CacheLockedError: the directory is open elsewhere.
-    :raises ConfigError: an invalid or conflicting setting.
+    :raises ConfigError: an invalid or conflicting setting; a directory, or
+        a file in it (``pages.sqlite3`` and its ``-wal``/``-shm``), that
+        this user may not read and write, or that is of the wrong kind.
     :raises CorruptStoreError, SchemaVersionError, LogCorruptionError: see
         :mod:`durablekv.errors`.
     :raises LogError: a log segment holding records to replay could not be
@@ -234,9 +239,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                  busy_timeout: float = 5.0, segment_bytes: int = 64 << 20,
                  store: str | None = None, namespace: str | None = None,
                  policy: str = "lru", max_memory_bytes: int | None = None,
-                 size_limit: int | None = None, warm: bool = True) -> None:
+                 size_limit: int | None = None, warm: bool = True,
+                 timeout: Any = None) -> None:
         self._state = _CLOSED
         self._temporary = directory is None
+        if timeout is not None:
+            raise _timeout_refused(timeout)
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"the cache directory must be a path (str or os.PathLike), not "
                             f"{type(directory).__name__} {directory!r}; pass the directory's "
@@ -264,7 +272,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         if directory is None:
             # checked settings first: a refused one leaves no directory behind
             directory = tempfile.mkdtemp(prefix="durablekv-")  # 0700
-        path = os.path.abspath(os.fspath(directory))
+        path = _cache_path(directory)
         self.path = path
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
         self._codec = codec
@@ -280,16 +288,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._clock_offset = 0.0
         self._last_now = -math.inf
         self._ttl_clock = (0.0, -math.inf)  # (offset, TTL time) for the store: see _now
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ConfigError(f"cache directory {path!r} is a file, not a directory; "
-                              "name a directory (it is created if missing)")
-        try:
-            # private (0700) when created here; an existing directory keeps
-            # the mode its owner gave it (see docs/files.md)
-            os.makedirs(path, mode=DIR_MODE, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}; create it "
-                              "yourself, or name a directory this user may write in") from exc
+        _make_cache_dir(path)
         try:
             if self._store_url is None:
                 _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
@@ -320,6 +319,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
     def _open(self, page_size, max_pages, on_corruption, salvage_log, busy_timeout,
               segment_bytes) -> None:
         self.store_rebuilds = 0
+        if self._store_url is None:
+            check_store_files(self.path)
         try:
             self._store = (_pgwire.open_store(self._store_url, self.namespace, self.path,
                                               durability=self.durability, page_size=page_size,
@@ -777,6 +778,17 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
     def closed(self) -> bool:
         return self._state in (_CLOSED, _CLOSING, _FORKED)
 
+    @property
+    def directory(self) -> str:
+        """The cache directory: :attr:`path`, under diskcache's name for it
+        (read-only)."""
+        return self.path
+
+    # diskcache's, not durablekv's: reading them raises an AttributeError
+    # that says what to use instead (docs/diskcache.md)
+    transact = _not_in_durablekv("transact")
+    check = _not_in_durablekv("check")
+
     def flush(self, timeout: float | None = None) -> None:
         """Block until every write acknowledged before this call is in SQLite.
 
@@ -866,8 +878,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
 
     def memoize(self, expire: float | None = None, *, name: str | None = None,
                 ignore: Iterable[int | str] = (), key: Callable[..., Any] | None = None,
-                tag: Any = None) -> Callable:
-        return _memoize(self, expire, name=name, ignore=ignore, key=key, tag=tag)
+                tag: Any = None, typed: Any = None) -> Callable:
+        return _memoize(self, expire, name=name, ignore=ignore, key=key, tag=tag, typed=typed)
 
     memoize.__doc__ = _memoize.__doc__
 

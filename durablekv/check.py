@@ -103,7 +103,7 @@ def check_directory(directory: str, *, log: bool = True) -> CheckResult:
         r.error("the cache directory is an empty path; name a directory "
                 "(use '.' for the current one)")
         return _finish(r)
-    directory = os.path.abspath(directory)
+    directory = os.path.abspath(os.path.expanduser(directory))  # ~ as for Cache
     if not os.path.isdir(directory):
         r.error(f"{directory}: " + ("a file, not a cache directory" if os.path.exists(directory)
                                     else "no such directory"))

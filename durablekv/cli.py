@@ -451,7 +451,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", nargs="?", help="trace file (omit for a generated Zipf workload)")
     p.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
                    help="trace format (default: from the file name or CSV header)")
-    p.add_argument("--dir", help="cache directory (default: a temporary directory, removed "
+    # (type=: a leading ~ is the home directory, as for Cache: no shell
+    # expands it in --dir=~/c, or in a quoted or unit-file argument)
+    p.add_argument("--dir", type=os.path.expanduser,
+                   help="cache directory (default: a temporary directory, removed "
                    "afterwards); an existing cache there is reopened and replayed into")
     p.add_argument("--page-size", type=_positive_int, default=None,
                    help="slots per page (default: an existing cache's, else 16)")
@@ -503,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "and CRCs. It changes nothing (a store from an older durablekv is not "
                        "upgraded). Exit status 0 when healthy, 1 on damage, 2 when it could not "
                        "check.")
-    c.add_argument("dir", help="cache directory")
+    c.add_argument("dir", type=os.path.expanduser, help="cache directory")
     c.set_defaults(func=_cmd_check)
 
     s = sub.add_parser("salvage", help="open a cache whose replay log is damaged, keeping "
@@ -517,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "the cache opened (salvaged or not), 1 when the cache refused to open "
                        "(open in another process, a damaged store), 2 for a DIR that is not a "
                        "cache directory, a bad option or a file system error.")
-    s.add_argument("dir", help="cache directory")
+    s.add_argument("dir", type=os.path.expanduser, help="cache directory")
     s.add_argument("--serializer", choices=SERIALIZERS,
                    help="the cache's serializer ('json' is another name for 'safe'; default: "
                    "the one its store records; needed when pages.sqlite3 is missing)")

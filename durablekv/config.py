@@ -8,12 +8,14 @@ them before it touches the disk, so a refused setting leaves nothing behind.
 from __future__ import annotations
 
 import math
+import os
 import struct
 import time
 from numbers import Number
 from typing import Any
 
 from . import codec as _codec
+from ._perms import DIR_MODE
 from .errors import ConfigError
 from .pages import PAGE_BYTES_LIMIT
 from .stores.pageformat import PAGE_SIZE_MAX
@@ -81,6 +83,124 @@ def _tags_refused(what: str) -> TypeError:
         "put the group in the key instead, e.g. cache[('user', 42)] = v, and remove a group "
         "with: for k in cache: if k[0] == 'user': cache.delete(k) (a memoized function's "
         "results: f.cache_clear())")
+
+
+# -- what diskcache and Redis users reach for first (docs/diskcache.md) ------------------
+
+
+def _expire_args_refused(args: tuple, kwargs: dict) -> TypeError:
+    """``expire(key, seconds)`` (Redis's EXPIRE) or ``expire(now=...)``
+    (diskcache's): durablekv's ``expire()`` takes no arguments."""
+    does = ("it removes every expired entry now and returns how many, as diskcache's "
+            "expire() does")
+    shown = ", ".join([f"{a!r:.40}" for a in args] + [f"{k}=..." for k in kwargs])
+    if args:
+        seconds = f"{args[1]!r:.20}" if len(args) > 1 else "seconds"
+        return TypeError(f"expire({shown}): expire() takes no arguments: {does}. To give a "
+                         f"key a TTL (Redis's EXPIRE key seconds), call "
+                         f"cache.touch({args[0]!r:.40}, expire={seconds})")
+    return TypeError(f"expire({shown}): expire() takes no arguments: it removes every entry "
+                     "expired by the cache's own clock (clock=, given when the cache is "
+                     "opened) and returns how many, as diskcache's expire() does")
+
+
+def _stats_args_refused(args: tuple, kwargs: dict) -> TypeError:
+    """diskcache's ``stats(enable=True, reset=False)``."""
+    shown = ", ".join([f"{a!r:.20}" for a in args] + [f"{k}={v!r:.20}" for k, v in kwargs.items()])
+    return TypeError(
+        f"stats({shown}): stats() takes no arguments: durablekv always counts (there is no "
+        "enable= switch) and stats() returns a CacheStats of the counts since the cache was "
+        "opened (s = cache.stats(); s.hits, s.misses are diskcache's pair). There is no "
+        "reset=: to count from a point on, keep that point's stats() and subtract its "
+        "fields (later.hits - earlier.hits)")
+
+
+def _timeout_refused(timeout: Any) -> TypeError:
+    """diskcache's ``Cache(directory, timeout=60)``."""
+    return TypeError(
+        f"Cache(timeout={timeout!r:.20}): diskcache's timeout (how long SQLite waits for a "
+        "lock another process holds) is busy_timeout= here, in seconds (default 5): "
+        f"Cache(directory, busy_timeout={timeout!r:.20})")
+
+
+#: What diskcache's ``Cache`` has and durablekv's does not, and the way
+#: instead: the AttributeError a lookup of one of these raises.
+_NOT_IN_DURABLEKV: dict[str, str] = {
+    "transact": (
+        "durablekv has no transact() (diskcache's transaction): each call is atomic by "
+        "itself, and add, incr/decr, setdefault, pop and touch read and write in one step "
+        "under the cache lock, while the write-behind already commits many writes in one "
+        "SQLite transaction. To keep other threads out of several calls, hold a "
+        "threading.Lock of your own around them (a crash may still keep some of those "
+        "writes and not the others; docs/diskcache.md)"),
+    "check": (
+        "durablekv has no check() method (diskcache's consistency check): with the cache "
+        "closed, run `durablekv check DIR` (or durablekv.check.check_directory(path)); it "
+        "verifies the store, its key index and the replay log without changing them, and "
+        "says what to do about any damage"),
+}
+
+
+def _not_in_durablekv(name: str) -> property:
+    """A class attribute for diskcache's method ``name``, which durablekv
+    does not have: reading it raises the AttributeError that says what to
+    use instead (so ``hasattr`` is still False).
+
+    A property, not a ``__getattr__`` on the class: a class with
+    ``__getattr__`` gets a slower attribute lookup for every attribute
+    (CPython's ``slot_tp_getattr_hook``, which also stops LOAD_ATTR
+    specializing), and that put about 20 ns on the C memory hit's
+    ``_state`` read and half as much again on the Python ``get``."""
+    message = _NOT_IN_DURABLEKV[name]
+
+    def refuse(self: Any) -> Any:
+        raise AttributeError(message, name=name, obj=self)
+    return property(refuse, doc=f"Not in durablekv (diskcache's {name}()): {message}")
+
+
+# -- the cache directory --------------------------------------------------------------
+
+
+def _cache_path(directory: Any) -> str:
+    """The absolute path a cache directory argument names; a leading ``~``
+    is the user's home directory (``os.path.expanduser``), as diskcache and
+    a shell take it."""
+    return os.path.abspath(os.path.expanduser(os.fspath(directory)))
+
+
+def _make_cache_dir(path: str) -> None:
+    """Create the cache directory ``path`` (mode 0700, with any missing
+    parents) unless it exists.
+
+    :raises ConfigError: ``path`` or one of its parents is a file, or the
+        directory cannot be created.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"cache directory {path!r} is a file, not a directory; "
+                          "name a directory (it is created if missing)")
+    try:
+        # private (0700) when created here; an existing directory keeps
+        # the mode its owner gave it (see docs/files.md)
+        os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+    except OSError as exc:
+        parent = _first_existing_parent(path)
+        if parent is not None and not os.path.isdir(parent):
+            what = "a file, not a directory" if os.path.isfile(parent) else "not a directory"
+            raise ConfigError(f"cannot create cache directory {path!r}: {parent!r} is {what}; "
+                              "move it away, or name a cache directory somewhere "
+                              "else") from exc
+        raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}; create it "
+                          "yourself, or name a directory this user may write in") from exc
+
+
+def _first_existing_parent(path: str) -> str | None:
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            return None
+        parent = up
+    return parent
 
 
 def _check_expire(expire: Any) -> float | None:

@@ -9,6 +9,7 @@ and a closed cache alike)::
      ├── CacheLockedError        the directory is open in another process
      │    └── NamespaceLockedError  a PostgreSQL namespace has another owner
      ├── CacheClosedError        (ValueError) use after close()
+ ├── CacheNotOpenError       (RuntimeError) an AsyncCache used before it was opened
      ├── CacheFailedError        (RuntimeError) fail-stop after a write error
      ├── ConfigError             (ValueError) bad or conflicting settings
      ├── StoreError              problems with pages.sqlite3
@@ -39,6 +40,7 @@ __all__ = [
     "CacheLockedError",
     "NamespaceLockedError",
     "CacheClosedError",
+    "CacheNotOpenError",
     "CacheFailedError",
     "ConfigError",
     "StoreError",
@@ -121,6 +123,22 @@ class CacheClosedError(DurableKVError, ValueError):
         else:
             msg = f"cache {path!r} is closed; open a new Cache({path!r}) to use it again"
         super().__init__(msg)
+
+
+class CacheNotOpenError(DurableKVError, RuntimeError):
+    """An :class:`~durablekv.aio.AsyncCache` was used before it was opened
+    (or after its open failed). A ``RuntimeError``, as it was before it had
+    a class of its own.
+
+    :ivar path: the cache directory it was made for (None: a temporary one).
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        where = repr(path) if path is not None else "(a temporary directory)"
+        super().__init__(
+            f"AsyncCache {where} is not open; use 'async with AsyncCache(...) as cache:', "
+            "or 'await cache.open()' before the first call")
 
 
 class CacheFailedError(DurableKVError, RuntimeError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from .config import _OPEN, _REAL_MONOTONIC
+from .config import _OPEN, _REAL_MONOTONIC, _expire_args_refused
 from .pages import HAS_TTL
 
 
@@ -65,11 +65,13 @@ class Expiry:
         self._ttl_count -= 1
         self._expirations += 1
 
-    def expire(self) -> int:
+    def expire(self, *args: Any, **kwargs: Any) -> int:
         """Remove every entry whose TTL has passed, in memory and in SQLite;
         return how many were removed (int).
 
-        As diskcache's ``Cache.expire()``. Entries in memory go at once.
+        As diskcache's ``Cache.expire()``. It takes no arguments: Redis's
+        ``EXPIRE key seconds`` is :meth:`touch`, and ``expire("a", 5)`` is
+        a ``TypeError`` that says so. Entries in memory go at once.
         Pages only in SQLite that hold expired entries are found through the
         expiry index and read; their expired entries are removed and the
         write-behind rewrites them. Those pages wait for it outside the LRU
@@ -91,7 +93,10 @@ class Expiry:
             failing.
         :raises CorruptStoreError: a stored page cannot be decoded (the store
             is marked damaged, as a get of one of its keys would).
+        :raises TypeError: an argument given (see above).
         """
+        if args or kwargs:
+            raise _expire_args_refused(args, kwargs)
         with self._lock:
             self._check_open()
             if not self._ttl_count:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import _FORKED, _MISSING, _REAL_MONOTONIC, _tags_refused
+from .config import _FORKED, _MISSING, _REAL_MONOTONIC, _stats_args_refused, _tags_refused
 from .recovery import _count_of
 from .stats import CacheStats, HistogramSnapshot
 
@@ -16,10 +16,16 @@ from .stats import CacheStats, HistogramSnapshot
 class Introspection:
     """Counters, sizes and histograms."""
 
-    def stats(self) -> CacheStats:
+    def stats(self, *args: Any, **kwargs: Any) -> CacheStats:
         """A :class:`~durablekv.stats.CacheStats` snapshot (cheap; thread-safe).
 
-        Works after :meth:`close` too (the final numbers)."""
+        Counters run from when the cache was opened, and are always kept.
+        Takes no arguments: diskcache's ``stats(enable=..., reset=...)`` is
+        a ``TypeError`` that says so (to count from a point on, subtract
+        that point's snapshot). Works after :meth:`close` too (the final
+        numbers)."""
+        if args or kwargs:
+            raise _stats_args_refused(args, kwargs)
         if self._state is _FORKED:
             self._check_open()
         b = self._batcher

@@ -105,7 +105,7 @@ class _Flight:
 
 def memoize(cache: Any, expire: float | None = None, *, name: str | None = None,
             ignore: Iterable[int | str] = (), key: Callable[..., Any] | None = None,
-            tag: Any = None) -> Callable:
+            tag: Any = None, typed: Any = None) -> Callable:
     """Decorator caching a function's results in ``cache`` (``Cache.memoize``; ``ShardedCache.memoize``).
 
     The cache key is ``("durablekv.memoize", name, args, sorted kwargs)``
@@ -138,12 +138,28 @@ def memoize(cache: Any, expire: float | None = None, *, name: str | None = None,
         call (a storable value), instead of the arguments themselves;
         not with ``ignore``.
     :param tag: not supported (see :meth:`evict`): ``TypeError``.
+    :param typed: diskcache's; only None or False (what durablekv does:
+        arguments a dict calls equal, ``1 == 1.0``, share a result). True
+        is a ``TypeError`` that says to put the type in ``key=``.
     :raises TypeError: ``ignore`` holds something other than ints >= 0
-        and str; ``key`` is not callable; both are given; ``tag`` given.
+        and str; ``key`` is not callable; both are given; ``tag`` given;
+        ``typed`` true; a str first argument (diskcache's ``name``: pass
+        ``name=``).
     :raises ValueError: ``expire`` negative, NaN or infinite.
     """
     if tag is not None:
         raise _tags_refused("memoize(tag=...)")
+    if typed is not None and typed is not False:
+        raise TypeError(
+            f"memoize(typed={typed!r:.20}): durablekv keys are equal when a dict says so "
+            "(1 == 1.0 == True are one key), in memory and on disk, so there is no typed=; "
+            "to keep types apart, put the type in the key: "
+            "@cache.memoize(key=lambda x: (type(x).__name__, x))")
+    if isinstance(expire, str):
+        raise TypeError(
+            f"memoize({expire!r:.40}): the first argument is expire (seconds), not "
+            f"diskcache's name; pass the name by keyword: @cache.memoize(name={expire!r:.40}) "
+            "(with a TTL: @cache.memoize(expire=60, name=...))")
     if callable(expire):  # bare @cache.memoize: expire is the function
         return memoize(cache, name=name, ignore=ignore, key=key)(expire)
     _check_expire(expire)

@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterator
 
 from . import codec as _codec
 from .cache import Cache
+from .config import (_cache_path, _expire_args_refused, _make_cache_dir, _not_in_durablekv,
+                     _stats_args_refused)
 from .memoize import memoize as _memoize
 from .errors import ConfigError
 from .stats import CacheStats
@@ -126,7 +128,8 @@ class ShardedCache(MutableMapping):
     :param directory: the parent directory (created 0700 if missing); shard
         ``i`` lives in ``directory/shard-NN``. None: a new temporary
         directory, removed with everything in it by :meth:`close` (as
-        ``Cache()`` and diskcache's ``FanoutCache()``).
+        ``Cache()`` and diskcache's ``FanoutCache()``). A leading ``~`` is
+        the user's home directory, as for :class:`Cache`.
     :param shards: number of shards, an int in [1, 256]; fixed when the
         directory is created. None adopts the stored count (8 for a new
         directory); an explicit different count raises :class:`ConfigError`.
@@ -160,15 +163,8 @@ class ShardedCache(MutableMapping):
                             "ShardedCache('var/cache', shards=8)")
         if "name" in options or "directory" in options:
             raise ConfigError("pass name= once, to ShardedCache")
-        path = self.path = os.path.abspath(os.fspath(directory))
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ConfigError(f"cache directory {path!r} is a file, not a directory; name a "
-                              "directory (it is created if missing)")
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}; create it "
-                              "yourself, or name a directory this user may write in") from exc
+        path = self.path = _cache_path(directory)
+        _make_cache_dir(path)
         stored = _read_shard_count(path)
         plain = [f for f in os.listdir(path)
                  if f == "pages.sqlite3" or (f.startswith("replay-") and f.endswith(".log"))]
@@ -206,6 +202,15 @@ class ShardedCache(MutableMapping):
             raise
 
     # -- routing ---------------------------------------------------------------------
+
+    @property
+    def directory(self) -> str:
+        """The parent directory: :attr:`path`, under diskcache's name for it."""
+        return self.path
+
+    # as Cache's: an AttributeError that says what to use instead
+    transact = _not_in_durablekv("transact")
+    check = _not_in_durablekv("check")
 
     @property
     def shards(self) -> tuple[Cache, ...]:
@@ -297,8 +302,11 @@ class ShardedCache(MutableMapping):
     def __len__(self) -> int:
         return sum(len(shard) for shard in self._shards)
 
-    def expire(self) -> int:
-        """Remove expired entries from every shard; return how many were removed."""
+    def expire(self, *args: Any, **kwargs: Any) -> int:
+        """Remove expired entries from every shard; return how many were removed.
+        No arguments, as :meth:`Cache.expire` (a key's TTL: :meth:`touch`)."""
+        if args or kwargs:
+            raise _expire_args_refused(args, kwargs)
         return sum(shard.expire() for shard in self._shards)
 
     def __iter__(self) -> Iterator[Any]:
@@ -394,8 +402,8 @@ class ShardedCache(MutableMapping):
         """One :class:`CacheStats` per shard, in shard order."""
         return [shard.stats() for shard in self._shards]
 
-    def stats(self) -> CacheStats:
-        """The shards' :class:`CacheStats` summed.
+    def stats(self, *args: Any, **kwargs: Any) -> CacheStats:
+        """The shards' :class:`CacheStats` summed (no arguments, as :meth:`Cache.stats`).
 
         Counters, gauges (``pending_pages``, ``resident_pages``, bytes) and
         ``max_pages`` are sums; ``page_size`` is the shards' (all equal);
@@ -403,6 +411,8 @@ class ShardedCache(MutableMapping):
         shard, so ``last_lsn`` and ``checkpoint_lsn`` are sums too: their
         difference is the number of changes not yet in SQLite in all.
         """
+        if args or kwargs:
+            raise _stats_args_refused(args, kwargs)
         return sum_stats(self.shard_stats())
 
 

@@ -64,6 +64,17 @@ def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """$HOME is ``tmp_path/home``; the working directory ``tmp_path/cwd``
+    (where a literal ``~`` directory would appear)."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    return tmp_path / "home"
+
+
 class Clock:
     """A settable clock for ``Cache(clock=...)`` (epoch seconds)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -212,6 +213,41 @@ def test_wrap_leaves_the_cache_open(tmp_path):
             await ac.close()
         run(main())
         assert not cache.closed and cache["a"] == 1
+
+
+def test_a_leading_tilde_is_the_home_directory_as_for_cache(home):
+    async def main():
+        ac = AsyncCache("~/c")
+        assert repr(ac) == f"<AsyncCache {str(home / 'c')!r}, unopened>"
+        async with ac as c:
+            await c.set("k", 1)
+            assert c.cache.path == str(home / "c")
+    run(main())
+    assert os.listdir(".") == []
+    with Cache("~/c") as cache:
+        assert cache["k"] == 1
+
+
+def test_a_call_before_open_is_an_error_that_says_to_open_it(tmp_path):
+    """Every call of an AsyncCache not opened yet (or whose open failed)
+    raised a bare RuntimeError."""
+    from durablekv.errors import CacheNotOpenError, DurableKVError
+
+    async def main():
+        ac = AsyncCache(tmp_path / "c")
+        for call in (lambda: ac.get("k"), lambda: ac.set("k", 1), lambda: ac.stats()):
+            with pytest.raises(CacheNotOpenError) as info:
+                await call()
+            assert isinstance(info.value, (DurableKVError, RuntimeError))
+            msg = str(info.value)
+            assert str(tmp_path / "c") in msg and "is not open" in msg
+            assert "async with AsyncCache(" in msg and "await cache.open()" in msg
+        with pytest.raises(CacheNotOpenError):
+            ac.cache
+        await ac.open()
+        await ac.set("k", 1)
+        await ac.close()
+    run(main())
 
 
 def test_nowait_calls_refuse_whatever_could_wait(tmp_path):

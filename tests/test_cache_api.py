@@ -729,7 +729,7 @@ def test_public_surface_is_pinned():
     assert durablekv.__all__ == [
         "Cache", "ShardedCache", "CacheStats", "Acceleration", "accelerated",
         "DurableKVError", "CacheLockedError",
-        "NamespaceLockedError", "CacheClosedError",
+        "NamespaceLockedError", "CacheClosedError", "CacheNotOpenError",
         "CacheFailedError", "ConfigError", "StoreError", "CorruptStoreError",
         "SchemaVersionError", "HeldKeyError", "LogError", "LogCorruptionError", "LogFileGoneError",
         "LogWriteError", "WriteBehindError", "FlushTimeoutError", "TraceFormatError",
@@ -914,6 +914,48 @@ def test_paths_that_cannot_be_a_cache_directory_are_config_errors(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ConfigError, match="is a file, not a directory"):
         Cache(tmp_path / "afile")
+
+
+@pytest.mark.parametrize("below", ["sub", "sub/deeper"])
+def test_a_file_among_the_parents_is_named_as_a_file(tmp_path, below):
+    """``Cache("afile/sub")`` said "Not a directory; create it yourself":
+    the fix is to move the file, and the message names it."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError) as info:
+        Cache(tmp_path / "afile" / below)
+    msg = str(info.value)
+    assert f"{str(tmp_path / 'afile')!r} is a file, not a directory" in msg, msg
+    assert "create it yourself" not in msg
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("as_path", [False, True], ids=["str", "Path"])
+def test_a_leading_tilde_is_the_home_directory(home, as_path):
+    """As diskcache (and every shell) takes it: ``Cache("~/x")`` made a
+    directory named ``~`` in the working directory."""
+    from pathlib import Path
+    directory = Path("~/c") if as_path else "~/c"
+    with Cache(directory) as cache:
+        cache["k"] = 1
+        assert cache.path == str(home / "c")
+        assert cache.name == "c"
+    assert os.listdir(".") == []
+    with Cache("~/c") as cache:
+        assert cache["k"] == 1 and cache.path == str(home / "c")
+
+
+def test_a_directory_where_the_store_file_goes_is_a_config_error(tmp_path):
+    d = tmp_path / "c"
+    (d / "pages.sqlite3").mkdir(parents=True)
+    with pytest.raises(ConfigError) as info:
+        Cache(d)
+    msg = str(info.value)
+    assert f"{str(d / 'pages.sqlite3')!r} is a directory" in msg, msg
+    assert "move it away" in msg
+    assert os.listdir(d / "pages.sqlite3") == []
+    os.rmdir(d / "pages.sqlite3")
+    with Cache(d) as cache:  # the lock was released: the directory opens once it is fixed
+        cache["k"] = 1
 
 
 @pytest.mark.parametrize("err,words", [

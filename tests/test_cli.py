@@ -271,6 +271,17 @@ def test_check_tells_errors_from_damage(tmp_path, capsys):
     assert "not a durablekv cache directory" in capsys.readouterr().out
 
 
+def test_directory_arguments_take_a_leading_tilde_as_cache_does(home, capsys):
+    """`--dir=~/c` (no shell expands a tilde after '='), or a quoted '~/c':
+    $HOME/c, as Cache('~/c') takes it, for every command."""
+    assert main(["replay", "--requests", "300", "--dir=~/c", "--no-progress"]) == 0
+    assert (home / "c" / "pages.sqlite3").exists()
+    assert main(["check", "~/c"]) == 0
+    assert main(["salvage", "~/c"]) == 0
+    assert f"{home / 'c'}" in capsys.readouterr().out
+    assert os.listdir(".") == []
+
+
 def test_check_names_the_process_that_holds_the_cache_open(tmp_path, capsys):
     """As CacheLockedError does: the pid comes from the LOCK file."""
     d = tmp_path / "c"

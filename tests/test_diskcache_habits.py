@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from durablekv import Cache
+from durablekv import Cache, ShardedCache
 
 from .conftest import opened, run_threads
 
@@ -209,3 +209,137 @@ def test_tags_are_refused_with_what_to_do_instead(tmp_path):
             assert "does not store tags" in str(info.value)
             assert "put the group in the key" in str(info.value)
         assert "k" not in cache
+
+
+# -- what a diskcache or Redis user types first ----------------------------------------
+# Each is refused with the durablekv way, never a bare signature error that
+# names one of Cache's internal parts (Expiry.expire(), Introspection.stats()).
+
+
+@pytest.mark.parametrize("make", [lambda d: opened(d), lambda d: ShardedCache(d, shards=2)],
+                         ids=["Cache", "ShardedCache"])
+def test_expire_with_a_key_and_seconds_says_to_use_touch(tmp_path, make):
+    with make(tmp_path / "c") as cache:
+        cache["a"] = 1
+        with pytest.raises(TypeError) as info:
+            cache.expire("a", 5)  # Redis's EXPIRE key seconds
+        msg = str(info.value)
+        assert "removes every expired entry" in msg and "cache.touch('a', expire=5)" in msg, msg
+        assert "Expiry" not in msg
+        with pytest.raises(TypeError, match=r"cache\.touch\('a', expire=seconds\)"):
+            cache.expire("a")
+        with pytest.raises(TypeError, match=r"takes no arguments.*clock="):
+            cache.expire(now=5)  # diskcache's expire(now=None, retry=False)
+        assert cache.touch("a", expire=60) is True  # the way the message names
+        assert cache.expire() == 0 and cache["a"] == 1
+
+
+@pytest.mark.parametrize("call", [lambda c: c.stats(enable=True), lambda c: c.stats(reset=True),
+                                  lambda c: c.stats(True), lambda c: c.stats(enable=False)],
+                         ids=["enable", "reset", "positional", "disable"])
+@pytest.mark.parametrize("make", [lambda d: opened(d), lambda d: ShardedCache(d, shards=2)],
+                         ids=["Cache", "ShardedCache"])
+def test_stats_switches_say_that_durablekv_always_counts(tmp_path, make, call):
+    with make(tmp_path / "c") as cache:
+        cache.get("nope")
+        with pytest.raises(TypeError) as info:
+            call(cache)
+        msg = str(info.value)
+        assert "always counts" in msg and "since the cache was opened" in msg, msg
+        assert "s.hits, s.misses" in msg and "subtract" in msg
+        assert "Introspection" not in msg
+        s = cache.stats()
+        assert (s.hits, s.misses) == (0, 1)
+
+
+def test_memoize_with_a_name_first_says_to_pass_name(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        with pytest.raises(TypeError) as info:
+            cache.memoize("users")  # diskcache's first positional is name
+        msg = str(info.value)
+        assert "memoize('users')" in msg and "name='users'" in msg and "expire" in msg, msg
+
+        @cache.memoize(name="users")
+        def load(i):
+            return i
+        assert load(1) == 1 and list(cache) == [("durablekv.memoize", "users", (1,), ())]
+
+
+def test_memoize_typed_says_to_put_the_type_in_the_key(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        with pytest.raises(TypeError) as info:
+            cache.memoize(typed=True)
+        msg = str(info.value)
+        assert "1 == 1.0 == True" in msg and "key=" in msg, msg
+        calls = []
+
+        @cache.memoize(typed=False)  # what durablekv does anyway
+        def f(x):
+            calls.append(x)
+            return x
+        assert f(1) == 1 and f(1.0) == 1 and calls == [1]
+
+        @cache.memoize(key=lambda x: (type(x).__name__, x))  # the way the message names
+        def g(x):
+            return x
+        assert g(1) == 1 and type(g(1.0)) is float
+
+
+@pytest.mark.parametrize("make", [Cache, lambda d, **kw: ShardedCache(d, shards=2, **kw)],
+                         ids=["Cache", "ShardedCache"])
+def test_timeout_points_at_busy_timeout(tmp_path, make):
+    with pytest.raises(TypeError) as info:
+        make(tmp_path / "c", timeout=1)  # diskcache's SQLite timeout
+    msg = str(info.value)
+    assert "busy_timeout=1" in msg and "SQLite" in msg, msg
+    assert not any((tmp_path / "c").glob("**/LOCK"))  # refused before a lock was taken
+    with make(tmp_path / "c", busy_timeout=1):
+        pass
+
+
+def test_directory_is_the_path_read_only(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        assert cache.directory == cache.path == str(tmp_path / "c")
+        with pytest.raises(AttributeError):
+            cache.directory = "elsewhere"
+    assert cache.directory == str(tmp_path / "c")  # after close too, as path
+
+
+@pytest.mark.parametrize("name,words", [
+    ("transact", ["no transact()", "atomic", "add", "incr", "threading.Lock"]),
+    ("check", ["no check()", "durablekv check", "check_directory", "closed"]),
+])
+def test_transact_and_check_are_not_there_and_say_what_is(tmp_path, name, words):
+    with opened(tmp_path / "c") as cache:
+        assert not hasattr(cache, name)
+        with pytest.raises(AttributeError) as info:
+            getattr(cache, name)()
+        for w in words:
+            assert w in str(info.value), (w, str(info.value))
+        with pytest.raises(AttributeError, match="has no attribute 'nonesuch'"):
+            cache.nonesuch  # anything else: Python's own error
+
+
+def test_fanout_cache_says_to_use_sharded_cache():
+    import durablekv
+    with pytest.raises(ImportError) as info:
+        from durablekv import FanoutCache  # noqa: F401
+    msg = str(info.value)
+    assert "ShardedCache(directory, shards=8)" in msg and "FanoutCache" in msg, msg
+    with pytest.raises(ImportError, match="ShardedCache"):
+        durablekv.FanoutCache
+    with pytest.raises(AttributeError, match="has no attribute 'Nonesuch'"):
+        durablekv.Nonesuch
+    assert "FanoutCache" not in durablekv.__all__
+
+
+def test_the_diskcache_page_lists_each_habit_with_the_durablekv_way():
+    """docs/diskcache.md: each habit a newcomer tried, in the habit column."""
+    from .conftest import REPO
+    text = (REPO / "docs" / "diskcache.md").read_text(encoding="utf-8")
+    habits = [line.split("|")[1] for line in text.splitlines()
+              if line.startswith("| `")]
+    for habit in ("get(key, read=True)", "expire_time=True", "memoize(typed=True)",
+                  "transact()", "check()", "FanoutCache", "expire(key, seconds)",
+                  "stats(enable=True)", "memoize(name)", "timeout=", "cache.directory", "~"):
+        assert any(habit in h for h in habits), habit

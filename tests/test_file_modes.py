@@ -90,6 +90,7 @@ def _as_nobody(top: Path, code: str, *args: str) -> subprocess.CompletedProcess:
     src = top / "src"
     shutil.copytree(REPO / "durablekv", src / "durablekv",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(REPO / "migrations", src / "migrations")  # (as a source tree has them)
     for path in [src, *src.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(src), "DURABLEKV_PURE": "1"}
@@ -122,3 +123,78 @@ def _refused_to_nobody(d: Path, dir_mode: int) -> None:
     assert "open it as root" in r.stdout
     with opened(d) as c:  # the owner's cache is untouched
         assert c["k"] == "v"
+
+
+def test_store_files_this_user_may_not_write_are_refused_at_open():
+    """A read-only ``pages.sqlite3`` (or ``-wal``/``-shm``) in a writable
+    directory opened, then every write-behind flush failed and close()
+    raised WriteBehindError. Now the open is refused, as for a read-only
+    directory, naming the file and the fix. Run as nobody: root may write
+    a 0444 file, and is not refused (the next test)."""
+    top = Path(tempfile.mkdtemp(prefix="durablekv-rostore-"))
+    try:
+        os.chmod(top, 0o755)
+        d = top / "cache"
+        with opened(d) as c:
+            c["k"] = "v"
+        import pwd
+        nobody = pwd.getpwnam("nobody")
+        for path in [d, *d.iterdir()]:
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        r = _as_nobody(top, _READ_ONLY_STORE_SCRIPT, str(d))
+        assert r.returncode == 0, r.stderr
+        import json
+        out = json.loads(r.stdout)
+    finally:
+        shutil.rmtree(top)
+    for name in ("pages.sqlite3", "pages.sqlite3-wal", "pages.sqlite3-shm"):
+        kind, msg = out[name]
+        assert kind == "ConfigError", (name, kind, msg)
+        assert f"may not read and write {name} (mode 0444, owner nobody)" in msg, msg
+        assert "a cache needs a directory this user may read and write" in msg
+        assert f"chmod u+rw {d / name}" in msg, msg
+    assert out["fixed"] == ["opened", "v"]  # nothing was lost, nothing was left locked
+
+
+_READ_ONLY_STORE_SCRIPT = """
+import json, os, sys
+from durablekv import Cache
+d = sys.argv[1]
+store = os.path.join(d, "pages.sqlite3")
+out = {}
+def attempt(label):
+    try:
+        with Cache(d, flush_interval=0.01) as c:
+            out[label] = ["opened", c["k"]]
+            c["k2"] = "w"
+    except Exception as e:
+        out[label] = [type(e).__name__, str(e)]
+os.chmod(store, 0o444)
+attempt("pages.sqlite3")
+os.chmod(store, 0o600)
+for suffix in ("-wal", "-shm"):
+    for left in (store + "-wal", store + "-shm"):  # (an open that was let in leaves them)
+        if os.path.exists(left):
+            os.unlink(left)
+    open(store + suffix, "wb").close()
+    os.chmod(store + suffix, 0o444)
+    attempt("pages.sqlite3" + suffix)
+    os.unlink(store + suffix)
+attempt("fixed")
+print(json.dumps(out))
+"""
+
+
+def test_a_read_only_store_file_is_not_refused_to_a_user_who_may_write_it(tmp_path):
+    """os.access decides, not the mode bits: root writes a 0444 file."""
+    if os.geteuid() != 0:
+        pytest.skip("only root may write a file whose mode says read-only")
+    d = tmp_path / "c"
+    with opened(d) as c:
+        c["a"] = 1
+    os.chmod(d / "pages.sqlite3", 0o444)
+    with opened(d) as c:
+        c["b"] = 2
+        c.flush(timeout=30)
+    with opened(d) as c:
+        assert dict(c.items()) == {"a": 1, "b": 2}

@@ -698,6 +698,41 @@ def test_serve_on_a_file_says_it_is_a_file(tmp_path):
     assert "is a file, not a directory" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_serve_takes_a_leading_tilde_as_the_home_directory(tmp_path):
+    """``durablekv serve '~/c'`` (quoted, or from a unit file: no shell to
+    expand it) serves ``$HOME/c`` as ``Cache('~/c')`` does, not ``./~/c``."""
+    import signal
+    import threading
+    from tests.server_util import START_LINE, START_TIMEOUT
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    env = dict(os.environ, HOME=str(home),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("DURABLEKV_TOKEN", None)
+    proc = subprocess.Popen([sys.executable, "-m", "durablekv", "serve", "~/c", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(cwd), env=env)
+    timer = threading.Timer(START_TIMEOUT, proc.kill)
+    timer.start()
+    try:
+        line = proc.stdout.readline().rstrip("\n")
+        m = START_LINE.match(line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert m.group(1) == str(home / "c")
+        assert httpx.put(m.group(2) + "/v1/keys/a", content=b"1").status_code == 204
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0
+    assert os.listdir(cwd) == []
+    from durablekv import Cache
+    with Cache(home / "c") as cache:
+        assert cache["a"] == b"1"
+
+
 def test_a_path_that_is_not_utf8_is_a_400_not_another_key(http):
     # %FF, %FE and a real U+FFFD must not all name the key '\ufffd'
     real = "/v1/keys/" + quote("\ufffd", safe="")

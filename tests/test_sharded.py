@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -126,6 +127,23 @@ def test_shard_count_is_fixed_at_creation(tmp_path):
         ShardedCache(d, shards=5)
     with ShardedCache(tmp_path / "new") as c:
         assert c.shard_count == 8
+
+
+def test_a_leading_tilde_is_the_home_directory_as_for_cache(home):
+    with ShardedCache("~/c", shards=2) as c:
+        c["k"] = 1
+        assert c.path == str(home / "c") and c.directory == c.path
+        assert [s.path for s in c.shards] == [str(home / "c" / f"shard-0{i}") for i in (0, 1)]
+    assert os.listdir(".") == []
+    with ShardedCache("~/c") as c:
+        assert c["k"] == 1
+
+
+def test_a_file_among_the_parents_is_named_as_a_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=re.escape(f"{str(tmp_path / 'afile')!r} is a file, "
+                                                    "not a directory")):
+        ShardedCache(tmp_path / "afile" / "sub")
 
 
 @pytest.mark.parametrize("bad", [0, -1, 257, "8", 2.0, True])

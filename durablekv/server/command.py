@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
     from ..cli import (_non_negative_float, _port, _positive_float,  # the CLI's own checks
                        add_byte_limit_arguments)
-    p.add_argument("dir", metavar="DIR", help="the cache directory (created 0700 if missing)")
+    p.add_argument("dir", metavar="DIR", type=os.path.expanduser,  # ~ as for Cache
+                   help="the cache directory (created 0700 if missing)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default %(default)s: this machine only; any other "
                    "address needs a token)")
@@ -106,13 +107,13 @@ def is_loopback(host: str) -> bool:
 
 def _private_dir(path: str) -> None:
     """Create the cache directory 0700 when it is missing (an existing one
-    keeps the mode its owner gave it)."""
+    keeps the mode its owner gave it).
+
+    :raises ConfigError: as :class:`Cache` does for a path it cannot create."""
     if os.path.isdir(path):
         return
-    if os.path.exists(path):
-        raise ConfigError(f"cache directory {path!r} is a file, not a directory; name a "
-                          "directory (it is created if missing)")
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    from ..config import _make_cache_dir
+    _make_cache_dir(path)
     os.chmod(path, 0o700)  # the umask may have taken bits off, never added them
 
 

@@ -10,18 +10,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
+import shlex
 import sqlite3
+import stat
 from pathlib import Path
 from typing import Any, Iterator
 
 from .._perms import FILE_MODE
-from ..errors import CorruptStoreError, StoreError
+from ..errors import ConfigError, CorruptStoreError, StoreError
 from ..replaylog import _fsync_dir
 from .base import ordered_migrations
 
 log = logging.getLogger("durablekv.store")
 
-__all__ = ["STORE_FILE", "DAMAGE_MARKER", "mark_damaged", "migration_files", "read_only_uri"]
+__all__ = ["STORE_FILE", "DAMAGE_MARKER", "check_store_files", "mark_damaged", "migration_files",
+           "read_only_uri"]
 
 
 STORE_FILE = "pages.sqlite3"
@@ -40,6 +44,61 @@ def migration_files() -> list[tuple[int, str, str]]:
         root = Path(__file__).resolve().parents[2] / "migrations"
         items = list(root.glob("*.sql"))
     return ordered_migrations(items)
+
+
+def check_store_files(directory: str) -> None:
+    """Refuse, before SQLite opens it, a store a cache could open but not use:
+    ``pages.sqlite3`` that is not a file (a directory in its place), or that
+    file or an existing ``-wal``/``-shm`` that this user may not read and
+    write. SQLite opens a file it may not write read-only without a word;
+    the cache would then fail at every write-behind flush, and at close.
+    Whether this user may is :func:`os.access`'s answer (root may write a
+    0444 file, and is let through), not the mode bits.
+
+    :raises ConfigError: naming the file(s) and the fix.
+    """
+    path = os.path.join(directory, STORE_FILE)
+    if os.path.exists(path) and not os.path.isfile(path):
+        what = "a directory" if os.path.isdir(path) else "not a regular file"
+        raise ConfigError(f"cannot use cache directory {directory!r}: {path!r} is {what}, where "
+                          f"the cache keeps its SQLite store; move it away (the cache then "
+                          "starts a new store), or name another cache directory")
+    names = [n for n in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm")
+             if os.path.exists(os.path.join(directory, n))
+             and not _may_read_and_write(os.path.join(directory, n))]
+    if not names:
+        return
+    listed, owners = [], set()
+    for n in names:
+        st = os.stat(os.path.join(directory, n))
+        owner = _user_name(st.st_uid)
+        owners.add(owner)
+        listed.append(f"{n} (mode {stat.S_IMODE(st.st_mode):04o}, owner {owner})")
+    me = _user_name(os.geteuid())
+    paths = " ".join(shlex.quote(os.path.join(directory, n)) for n in names)
+    them = "it" if len(names) == 1 else "them"
+    others = " or ".join(sorted(owners - {me}))
+    if others:
+        fix = (f"As {others}, give {them} to this user (chown {shlex.quote(me)} {paths}), "
+               f"or open the cache as {others}")
+    else:
+        fix = f"Make {them} readable and writable: chmod u+rw {paths}"
+    raise ConfigError(f"cannot use cache directory {directory!r}: this user ({me}) may not read "
+                      f"and write {' and '.join(listed)}; a cache needs a directory this user "
+                      "may read and write, and the files in it too (SQLite would open the "
+                      f"store read-only, and every write-behind flush would fail). {fix}")
+
+
+def _may_read_and_write(path: str) -> bool:
+    effective = os.access in os.supports_effective_ids
+    return os.access(path, os.R_OK | os.W_OK, effective_ids=effective)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)  # (no name: the number, which chown takes too)
 
 
 def _cannot_open_hint(path: str, msg: str) -> str:
