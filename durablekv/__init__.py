@@ -57,12 +57,12 @@ def __getattr__(name: str) -> object:
     """diskcache's other front doors, which durablekv does not have (see
     docs/diskcache.md): a lookup says what to use instead."""
     if name == "FanoutCache":
-        # An ImportError, not an AttributeError: ``from durablekv import
-        # FanoutCache`` (the habit) replaces an AttributeError with its own
-        # "cannot import name", and the way to ShardedCache would be lost.
-        raise ImportError(
+        # An AttributeError, so hasattr() and getattr(durablekv, name, None)
+        # keep working; ``from durablekv import FanoutCache`` turns it into
+        # Python's own "cannot import name" (docs/diskcache.md has the way).
+        raise AttributeError(
             "durablekv has no FanoutCache; its ShardedCache is the same idea: "
             "ShardedCache(directory, shards=8) spreads keys over that many Cache shards in "
             "subdirectories, with the Cache API (from durablekv import ShardedCache; "
-            "docs/sharding.md)", name="durablekv")
+            "docs/sharding.md)", name=name)
     raise AttributeError(f"module 'durablekv' has no attribute {name!r}", name=name)
