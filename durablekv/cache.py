@@ -311,8 +311,10 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             self._open(page_size, max_pages, on_corruption, salvage_log, busy_timeout,
                        segment_bytes)
         except BaseException:
-            self._teardown(clean=False)
-            self._remove_if_temporary()
+            try:
+                self._teardown(clean=False)
+            finally:
+                self._remove_if_temporary()
             raise
 
     # -- opening and recovery ------------------------------------------------------
@@ -832,8 +834,10 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                     self._batcher.flush_until(target)
             except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
                 error = exc
-        self._teardown(clean=error is None and not failed)
-        self._remove_if_temporary()
+        try:
+            self._teardown(clean=error is None and not failed)
+        finally:
+            self._remove_if_temporary()
         if isinstance(error, WriteBehindError):
             # The batcher's message says the pages are retried; not after close.
             raise WriteBehindError.at_close(self.path, error.cause, self.durability) from error

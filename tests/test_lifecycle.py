@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,99 @@ def test_an_interrupt_while_open_starts_a_thread_still_closes_cleanly(tmp_path, 
     assert not [t for t in threading.enumerate() if t.name.startswith("durablekv-")]
     with opened(path) as cache:  # the directory lock was released
         assert cache["k"] == b"v"
+
+
+def _ctrl_c_once_main_thread_is_in(function: str) -> threading.Thread:
+    """A thread that sends SIGINT (Ctrl-C) to the main thread as soon as the
+    main thread runs ``function`` (a frame of that name on its stack): a
+    real signal, so a blocking wait there is cut short as Ctrl-C cuts it."""
+    main = threading.main_thread().ident
+
+    def watch():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            while frame is not None:
+                if frame.f_code.co_name == function:
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                frame = frame.f_back
+            time.sleep(0.001)
+
+    t = threading.Thread(target=watch, name="ctrl-c", daemon=True)
+    t.start()
+    return t
+
+
+def test_ctrl_c_while_close_waits_for_the_write_behind_still_releases_the_directory(tmp_path):
+    """Ctrl-C as close() waited for the write-behind thread to end its cycle
+    stopped the close there: the log, the store and the directory lock were
+    never released, a second close() did nothing (the cache said closing),
+    and every later open in this process raised CacheLockedError. (Python
+    3.11's Thread.join, cut short, also reports the running thread stopped.)
+    Now the close waits for the thread, releases everything, then raises."""
+    path = tmp_path / "c"
+    cache = Cache(path)
+    for i in range(100):
+        cache[f"k{i}"] = i
+    cache.flush()
+    inside, gate = threading.Event(), threading.Event()
+
+    def held_cycle():  # the write-behind's next cycle waits here
+        inside.set()
+        gate.wait(30)
+
+    cache.background_work = held_cycle
+    cache._batcher.kick(urgent=True)
+    assert inside.wait(10)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        watcher = _ctrl_c_once_main_thread_is_in("join")
+        threading.Timer(0.3, gate.set).start()  # the cycle ends after the interrupt
+        with pytest.raises(KeyboardInterrupt):
+            cache.close()
+        watcher.join()
+    finally:
+        signal.signal(signal.SIGINT, old)
+        gate.set()
+    assert cache.closed
+    assert not [t for t in threading.enumerate() if t.name.startswith("durablekv-")]
+    with opened(path) as again:  # the directory lock was released
+        assert dict(again.items()) == {f"k{i}": i for i in range(100)}
+
+
+@pytest.mark.parametrize("where", ["the residency list", "the replay log", "the store"])
+def test_an_interrupt_in_the_last_steps_of_close_still_releases_the_directory(
+        tmp_path, monkeypatch, where):
+    """An exception from a signal handler (Ctrl-C) as close() saves the
+    warm-restart list, closes the log or closes the store: what is left is
+    still released (the log kept, so nothing acknowledged depends on the cut
+    step), and the cache reopens in this process with every entry."""
+    from durablekv.replaylog import ReplayLog
+    from durablekv.stores.sqlite import SQLitePageStore
+    from durablekv.warm import WarmRestart
+
+    cls, name = {"the residency list": (WarmRestart, "_residency_at_close"),
+                 "the replay log": (ReplayLog, "close"),
+                 "the store": (SQLitePageStore, "close")}[where]
+    real = getattr(cls, name)
+
+    def interrupted(self, *args, **kwargs):
+        real(self, *args, **kwargs)  # done, and the interrupt lands as it returns
+        raise KeyboardInterrupt
+
+    path = tmp_path / "c"
+    cache = Cache(path)
+    for i in range(100):
+        cache[f"k{i}"] = i
+    monkeypatch.setattr(cls, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache.close()
+    monkeypatch.undo()
+    assert cache.closed
+    cache.close()  # idempotent, as ever
+    with opened(path) as again:
+        assert dict(again.items()) == {f"k{i}": i for i in range(100)}
 
 
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
