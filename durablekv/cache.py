@@ -290,24 +290,27 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         except OSError as exc:
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}; create it "
                               "yourself, or name a directory this user may write in") from exc
-        try:
-            if self._store_url is None:
-                _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
-            self._lock_fd = _acquire_dir_lock(path)
-        except PermissionError as exc:
-            raise ConfigError(_unwritable(path, exc)) from exc
-        except OSError as exc:
-            if exc.errno != errno.EROFS:
-                raise
-            raise ConfigError(f"cache directory {path!r} is on a read-only file system; "
-                              "a cache needs a writable directory (durablekv check can "
-                              "still verify it)") from exc
         self._store: SQLitePageStore | None = None
         self._log: ReplayLog | None = None
         self._batcher: WriteBehindBatcher | None = None
         self._tier: MemoryTier | None = None
+        self._lock_fd: tuple[int, int] | None = None
         self._warm_init(warm)
+        # From the moment the lock is taken, any exception (one from a signal
+        # handler too: Ctrl-C) is cleaned up after by the teardown below.
         try:
+            try:
+                if self._store_url is None:
+                    _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
+                self._lock_fd = _acquire_dir_lock(path)
+            except PermissionError as exc:
+                raise ConfigError(_unwritable(path, exc)) from exc
+            except OSError as exc:
+                if exc.errno != errno.EROFS:
+                    raise
+                raise ConfigError(f"cache directory {path!r} is on a read-only file system; "
+                                  "a cache needs a writable directory (durablekv check can "
+                                  "still verify it)") from exc
             self._open(page_size, max_pages, on_corruption, salvage_log, busy_timeout,
                        segment_bytes)
         except BaseException:

@@ -311,6 +311,39 @@ def test_an_interrupt_in_the_last_steps_of_close_still_releases_the_directory(
         assert dict(again.items()) == {f"k{i}": i for i in range(100)}
 
 
+@pytest.mark.parametrize("where", ["LOCK gets the pid", "open sets up its state"])
+def test_an_interrupt_just_after_open_takes_the_directory_lock_releases_it(tmp_path,
+                                                                          monkeypatch, where):
+    """An exception from a signal handler (Ctrl-C) landing right after open
+    took the directory's flock (as LOCK got this process's pid, or as open
+    set up its state before the part that cleans up after itself) left the
+    lock held: every later open in this process raised CacheLockedError."""
+    from durablekv import dirlock
+    from durablekv.warm import WarmRestart
+
+    path = tmp_path / "c"
+    with opened(path) as cache:
+        cache["k"] = b"v"
+    if where == "LOCK gets the pid":
+        real = os.pwrite
+
+        def interrupted(*args):
+            real(*args)  # written, and the interrupt lands as it returns
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(dirlock.os, "pwrite", interrupted)
+    else:
+        def interrupted(self, warm):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(WarmRestart, "_warm_init", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Cache(path)
+    monkeypatch.undo()
+    with opened(path) as cache:  # the directory lock was released
+        assert cache["k"] == b"v"
+
+
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
 def test_a_cache_cannot_be_copied_or_pickled(tmp_path, how):
     """A copy would share the directory's lock, SQLite connections and
