@@ -18,6 +18,7 @@ import array
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -607,7 +608,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     tmp = None
     directory = args.dir
     if directory is None:
-        tmp = directory = tempfile.mkdtemp(prefix="durablekv-replay-")
+        # Named here, made in the try below that removes it: SIGTERM's
+        # exception may land as mkdir returns (tempfile.mkdtemp would then
+        # leave a directory whose name nothing here knows).
+        tmp = directory = os.path.join(tempfile.gettempdir(),
+                                       f"durablekv-replay-{secrets.token_hex(8)}")
     serializer = args.serializer
     if serializer is None:
         # an existing store says what it holds; a new cache gets the default
@@ -639,6 +644,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                       "--json a path in a writable directory", file=sys.stderr)
 
     try:
+        if tmp is not None:
+            try:
+                os.mkdir(tmp, 0o700)
+            except FileExistsError:
+                tmp = None  # not this replay's: never removed here
+                raise
         replay(trace, directory, page_size=args.page_size, max_pages=args.max_pages,
                durability=args.durability, flush_interval=args.flush_interval,
                value_size=args.value_size, limit=args.limit,
