@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import pwd
+import secrets
 import stat
 import sysconfig
 import tempfile
@@ -262,8 +263,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             _check_clock(clock)
         codec = _codec.codec_by_name(serializer)
         if directory is None:
-            # checked settings first: a refused one leaves no directory behind
-            directory = tempfile.mkdtemp(prefix="durablekv-")  # 0700
+            # Named here, made (0700) in the try below whose cleanup removes
+            # it: an exception from a signal handler (Ctrl-C) may land as
+            # mkdir returns, and tempfile.mkdtemp would then leave a directory
+            # that nothing knows. Settings are checked first: a refused one
+            # leaves no directory behind.
+            directory = os.path.join(tempfile.gettempdir(), f"durablekv-{secrets.token_hex(8)}")
         path = os.path.abspath(os.fspath(directory))
         self.path = path
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
@@ -286,7 +291,8 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         try:
             # private (0700) when created here; an existing directory keeps
             # the mode its owner gave it (see docs/files.md)
-            os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+            if not self._temporary:
+                os.makedirs(path, mode=DIR_MODE, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create cache directory {path!r}: {exc.strerror}; create it "
                               "yourself, or name a directory this user may write in") from exc
@@ -296,9 +302,16 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._tier: MemoryTier | None = None
         self._lock_fd: tuple[int, int] | None = None
         self._warm_init(warm)
-        # From the moment the lock is taken, any exception (one from a signal
-        # handler too: Ctrl-C) is cleaned up after by the teardown below.
+        # From the moment a temporary directory is made or the lock is taken,
+        # any exception (one from a signal handler too: Ctrl-C) is cleaned up
+        # after by the teardown below.
         try:
+            if self._temporary:
+                try:
+                    os.mkdir(path, DIR_MODE)
+                except FileExistsError:
+                    self._temporary = False  # not this cache's: never removed here
+                    raise
             try:
                 if self._store_url is None:
                     _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours

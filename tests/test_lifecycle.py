@@ -344,6 +344,32 @@ def test_an_interrupt_just_after_open_takes_the_directory_lock_releases_it(tmp_p
         assert cache["k"] == b"v"
 
 
+def test_an_interrupt_as_a_temporary_cache_makes_its_directory_leaves_none(tmp_path,
+                                                                          monkeypatch):
+    """Cache() with no directory makes one and removes it at close; Ctrl-C
+    landing as mkdir returned it (inside tempfile.mkdtemp) left it behind,
+    as the open's cleanup began later."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = os.mkdir
+
+    def interrupted(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        raise KeyboardInterrupt  # the signal lands as mkdir returns
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "mkdir", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            Cache()
+    assert list(tmp_path.iterdir()) == []
+    with Cache() as cache:  # and a temporary cache still works as before
+        cache["k"] = b"v"
+        made = Path(cache.path)
+        assert made.parent == tmp_path and made.stat().st_mode & 0o777 == 0o700
+    assert not made.exists()
+
+
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
 def test_a_cache_cannot_be_copied_or_pickled(tmp_path, how):
     """A copy would share the directory's lock, SQLite connections and
