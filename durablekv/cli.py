@@ -19,7 +19,6 @@ import json
 import math
 import os
 import secrets
-import shutil
 import signal
 import sys
 import textwrap
@@ -31,6 +30,7 @@ from typing import Any, Sequence
 from . import __version__
 from .config import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
+from .lifecycle import remove_tree
 from .policy import POLICIES
 from .traces import FORMATS, open_trace, zipf_workload
 
@@ -660,7 +660,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                max_memory_bytes=args.max_memory_bytes, size_limit=args.size_limit)
     finally:
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
     return 1 if json_failed else 0
 
 

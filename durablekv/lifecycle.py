@@ -65,6 +65,18 @@ def _after_fork_in_child() -> None:
     _open_caches.clear()
 
 
+def remove_tree(path: str) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)``, finished even when an
+    exception from a signal handler (Ctrl-C; SIGTERM in ``durablekv
+    replay``) cuts it short; the exception then propagates. Cut short, it
+    left the rest of the directory behind."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 class Lifecycle:
     """Teardown, fork retirement and copy refusal."""
 
@@ -101,7 +113,7 @@ class Lifecycle:
     def _remove_if_temporary(self) -> None:
         """Remove the temporary directory of ``Cache()`` (no directory given)."""
         if self._temporary:
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_tree(self.path)
 
     def _teardown(self, clean: bool) -> None:
         if _open_caches.get(id(self)) is self:

@@ -370,6 +370,38 @@ def test_an_interrupt_as_a_temporary_cache_makes_its_directory_leaves_none(tmp_p
     assert not made.exists()
 
 
+def test_an_interrupt_as_close_removes_a_temporary_directory_still_removes_all_of_it(
+        tmp_path, monkeypatch):
+    """Ctrl-C landing in the removal of Cache()'s temporary directory (as a
+    file's unlink returned) stopped it halfway and left the directory."""
+    import shutil
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cache = Cache()
+    cache["k"] = b"v"
+    real_unlink, real_rmtree = os.unlink, shutil.rmtree
+    removing = []
+
+    def rmtree(path, *args, **kwargs):
+        removing.append(path)
+        return real_rmtree(path, *args, **kwargs)
+
+    def interrupted(path, *args, **kwargs):
+        real_unlink(path, *args, **kwargs)
+        if len(removing) == 1:
+            removing.append("cut")
+            raise KeyboardInterrupt  # the signal lands as unlink returns
+
+    with monkeypatch.context() as m:
+        m.setattr(shutil, "rmtree", rmtree)
+        m.setattr(os, "unlink", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            cache.close()
+    assert "cut" in removing
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
 def test_a_cache_cannot_be_copied_or_pickled(tmp_path, how):
     """A copy would share the directory's lock, SQLite connections and
