@@ -402,6 +402,57 @@ def test_an_interrupt_as_close_removes_a_temporary_directory_still_removes_all_o
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("how", ["the C kernel", "the write seam"])
+def test_an_interrupt_as_a_log_record_is_written_leaves_the_log_whole(tmp_path, monkeypatch,
+                                                                       how):
+    """Where records are appended with write(2) (file systems that get no
+    mapped segment): Ctrl-C landing as a set's write returned left its
+    record in the log while the set raised and took no LSN. A program that
+    went on (a REPL) logged its next set under the same LSN, and after a
+    crash the log could not be opened ('LSN 2 follows 2'); salvaging it
+    dropped that acknowledged set. The record of a set that raised is cut."""
+    from durablekv import replaylog
+    from durablekv.replaylog import ReplayLog
+
+    monkeypatch.setattr(replaylog, "mapped_append_refusal", lambda *args: "a test's write(2)")
+    armed = []
+    if how == "the C kernel":
+        if replaylog._WRITE_RECORD is None:
+            pytest.skip("no C extension (DURABLEKV_PURE or not built)")
+        real_kernel = replaylog._WRITE_RECORD
+
+        def kernel(*args):
+            result = real_kernel(*args)
+            if armed and armed.pop():
+                raise KeyboardInterrupt  # the signal lands as the write returns
+            return result
+
+        monkeypatch.setattr(replaylog, "_WRITE_RECORD", kernel)
+    else:
+        real_write = ReplayLog._write
+
+        def write(self, fd, data):
+            n = real_write(self, fd, data)
+            if armed and armed.pop():
+                raise KeyboardInterrupt
+            return n
+
+        monkeypatch.setattr(ReplayLog, "_write", write)
+    path = tmp_path / "c"
+    cache = Cache(path, flush_interval=3600, flush_batch_pages=10**6)
+    assert cache._log.append_mode == "write"
+    cache["a"] = 1
+    armed.append(True)
+    with pytest.raises(KeyboardInterrupt):
+        cache["b"] = 2
+    cache["c"] = 3  # the program goes on
+    assert dict(cache.items()) == {"a": 1, "c": 3}
+    cache._teardown(clean=False)  # then crashes: no flush, the log kept
+    monkeypatch.undo()
+    with opened(path) as cache:
+        assert dict(cache.items()) == {"a": 1, "c": 3}
+
+
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
 def test_a_cache_cannot_be_copied_or_pickled(tmp_path, how):
     """A copy would share the directory's lock, SQLite connections and
