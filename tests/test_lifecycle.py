@@ -453,6 +453,31 @@ def test_an_interrupt_as_a_log_record_is_written_leaves_the_log_whole(tmp_path, 
         assert dict(cache.items()) == {"a": 1, "c": 3}
 
 
+def test_an_interrupt_as_open_pauses_the_garbage_collector_leaves_it_running(tmp_path,
+                                                                             monkeypatch):
+    """Open pauses the cyclic garbage collector while it reads the log; Ctrl-C
+    landing as gc.disable() returned left it off for the rest of the process."""
+    import gc
+
+    assert gc.isenabled()
+    real = gc.disable
+
+    def interrupted():
+        real()
+        raise KeyboardInterrupt  # the signal lands as disable() returns
+
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(gc, "disable", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                Cache(tmp_path / "c")
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+    with opened(tmp_path / "c") as cache:  # and the open cleaned up after itself
+        cache["k"] = b"v"
+
+
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
 def test_a_cache_cannot_be_copied_or_pickled(tmp_path, how):
     """A copy would share the directory's lock, SQLite connections and
