@@ -1,4 +1,4 @@
-"""Starting a background thread so that close can always wait for it."""
+"""Starting and joining a background thread so that close can always wait for it."""
 
 from __future__ import annotations
 
@@ -32,4 +32,26 @@ def start_thread(thread: threading.Thread) -> None:
         # before start() raised.
         while not thread.is_alive() and thread in threading.enumerate():
             time.sleep(0.0001)
+        raise
+
+
+def join_thread(thread: threading.Thread) -> None:
+    """``thread.join()``, waited out even when a signal handler's exception
+    cuts it short; the exception then propagates.
+
+    A join cut short (Ctrl-C; SIGTERM in ``durablekv replay``) returns while
+    the thread still runs, and Python 3.11's ``join`` then even reports it
+    as stopped (``is_alive()`` false, and a second ``join()`` returns at
+    once). A close that went on from there would close the store and the log
+    under a thread still using them. Here the thread's end is waited for
+    first: it stays listed by ``threading.enumerate()`` until it has run.
+
+    Raises:
+        whatever ``thread.join()`` raised.
+    """
+    try:
+        thread.join()
+    except BaseException:
+        while thread in threading.enumerate():
+            time.sleep(0.001)
         raise

@@ -63,7 +63,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from ._threads import start_thread
+from ._threads import join_thread, start_thread
 from .errors import FlushTimeoutError, HeldKeyError, LogFileGoneError, WriteBehindError
 from .stats import FLUSH_PAGES_BUCKETS, FLUSH_SECONDS_BUCKETS, Histogram
 
@@ -197,7 +197,7 @@ class WriteBehindBatcher:
             self._stop = True
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join()
+            join_thread(self._thread)
 
     def flush_until(self, lsn: int, timeout: float | None = None) -> None:
         """Block until every change with LSN <= ``lsn`` is committed to SQLite.

@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import pwd
+import secrets
 import stat
 import sysconfig
 import tempfile
@@ -270,8 +271,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             _check_clock(clock)
         codec = _codec.codec_by_name(serializer)
         if directory is None:
-            # checked settings first: a refused one leaves no directory behind
-            directory = tempfile.mkdtemp(prefix="durablekv-")  # 0700
+            # Named here, made (0700) in the try below whose cleanup removes
+            # it: an exception from a signal handler (Ctrl-C) may land as
+            # mkdir returns, and tempfile.mkdtemp would then leave a directory
+            # that nothing knows. Settings are checked first: a refused one
+            # leaves no directory behind.
+            directory = os.path.join(tempfile.gettempdir(), f"durablekv-{secrets.token_hex(8)}")
         path = _cache_path(directory)
         self.path = path
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
@@ -288,30 +293,43 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._clock_offset = 0.0
         self._last_now = -math.inf
         self._ttl_clock = (0.0, -math.inf)  # (offset, TTL time) for the store: see _now
-        _make_cache_dir(path)
-        try:
-            if self._store_url is None:
-                _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
-            self._lock_fd = _acquire_dir_lock(path)
-        except PermissionError as exc:
-            raise ConfigError(_unwritable(path, exc)) from exc
-        except OSError as exc:
-            if exc.errno != errno.EROFS:
-                raise
-            raise ConfigError(f"cache directory {path!r} is on a read-only file system; "
-                              "a cache needs a writable directory (durablekv check can "
-                              "still verify it)") from exc
+        if not self._temporary:
+            _make_cache_dir(path)
         self._store: SQLitePageStore | None = None
         self._log: ReplayLog | None = None
         self._batcher: WriteBehindBatcher | None = None
         self._tier: MemoryTier | None = None
+        self._lock_fd: tuple[int, int] | None = None
         self._warm_init(warm)
+        # From the moment a temporary directory is made or the lock is taken,
+        # any exception (one from a signal handler too: Ctrl-C) is cleaned up
+        # after by the teardown below.
         try:
+            if self._temporary:
+                try:
+                    os.mkdir(path, DIR_MODE)
+                except FileExistsError:
+                    self._temporary = False  # not this cache's: never removed here
+                    raise
+            try:
+                if self._store_url is None:
+                    _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
+                self._lock_fd = _acquire_dir_lock(path)
+            except PermissionError as exc:
+                raise ConfigError(_unwritable(path, exc)) from exc
+            except OSError as exc:
+                if exc.errno != errno.EROFS:
+                    raise
+                raise ConfigError(f"cache directory {path!r} is on a read-only file system; "
+                                  "a cache needs a writable directory (durablekv check can "
+                                  "still verify it)") from exc
             self._open(page_size, max_pages, on_corruption, salvage_log, busy_timeout,
                        segment_bytes)
         except BaseException:
-            self._teardown(clean=False)
-            self._remove_if_temporary()
+            try:
+                self._teardown(clean=False)
+            finally:
+                self._remove_if_temporary()
             raise
 
     # -- opening and recovery ------------------------------------------------------
@@ -844,8 +862,10 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                     self._batcher.flush_until(target)
             except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
                 error = exc
-        self._teardown(clean=error is None and not failed)
-        self._remove_if_temporary()
+        try:
+            self._teardown(clean=error is None and not failed)
+        finally:
+            self._remove_if_temporary()
         if isinstance(error, WriteBehindError):
             # The batcher's message says the pages are retried; not after close.
             raise WriteBehindError.at_close(self.path, error.cause, self.durability) from error

@@ -18,7 +18,7 @@ import array
 import json
 import math
 import os
-import shutil
+import secrets
 import signal
 import sys
 import textwrap
@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from . import __version__
 from .config import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
+from .lifecycle import remove_tree
 from .policy import POLICIES
 from .traces import FORMATS, open_trace, zipf_workload
 
@@ -612,7 +613,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     tmp = None
     directory = args.dir
     if directory is None:
-        tmp = directory = tempfile.mkdtemp(prefix="durablekv-replay-")
+        # Named here, made in the try below that removes it: SIGTERM's
+        # exception may land as mkdir returns (tempfile.mkdtemp would then
+        # leave a directory whose name nothing here knows).
+        tmp = directory = os.path.join(tempfile.gettempdir(),
+                                       f"durablekv-replay-{secrets.token_hex(8)}")
     serializer = args.serializer
     if serializer is None:
         # an existing store says what it holds; a new cache gets the default
@@ -644,6 +649,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                       "--json a path in a writable directory", file=sys.stderr)
 
     try:
+        if tmp is not None:
+            try:
+                os.mkdir(tmp, 0o700)
+            except FileExistsError:
+                tmp = None  # not this replay's: never removed here
+                raise
         replay(trace, directory, page_size=args.page_size, max_pages=args.max_pages,
                durability=args.durability, flush_interval=args.flush_interval,
                value_size=args.value_size, limit=args.limit,
@@ -654,7 +665,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                max_memory_bytes=args.max_memory_bytes, size_limit=args.size_limit)
     finally:
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
     return 1 if json_failed else 0
 
 

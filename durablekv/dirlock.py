@@ -30,22 +30,26 @@ def _acquire_dir_lock(path: str) -> tuple[int, int]:
     :raises CacheLockedError: another open file description holds it (a
         process, or another Cache in this one).
     """
-    dir_fd = lock_directory(path, exclusive=True)
     lock_path = os.path.join(path, LOCK_FILE)
+    dir_fd = lock_directory(path, exclusive=True)
+    fd = None
+    # Everything after the lock is taken is undone on any exception, one
+    # from a signal handler (Ctrl-C) too: else the lock stayed held.
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CacheLockedError(path, lock_owner_pid(fd)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except BaseException:
-        _unlock_directory(dir_fd)
+        try:
+            if fd is not None:
+                os.close(fd)
+        finally:
+            _unlock_directory(dir_fd)
         raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = lock_owner_pid(fd)
-        os.close(fd)
-        _unlock_directory(dir_fd)
-        raise CacheLockedError(path, pid) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return dir_fd, fd
 
 

@@ -65,6 +65,18 @@ def _after_fork_in_child() -> None:
     _open_caches.clear()
 
 
+def remove_tree(path: str) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)``, finished even when an
+    exception from a signal handler (Ctrl-C; SIGTERM in ``durablekv
+    replay``) cuts it short; the exception then propagates. Cut short, it
+    left the rest of the directory behind."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 class Lifecycle:
     """Teardown, fork retirement and copy refusal."""
 
@@ -101,11 +113,42 @@ class Lifecycle:
     def _remove_if_temporary(self) -> None:
         """Remove the temporary directory of ``Cache()`` (no directory given)."""
         if self._temporary:
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_tree(self.path)
 
     def _teardown(self, clean: bool) -> None:
         if _open_caches.get(id(self)) is self:
             del _open_caches[id(self)]
+        try:
+            self._teardown_threads(clean)
+        except BaseException:
+            # An exception from a signal handler (Ctrl-C; SIGTERM in
+            # `durablekv replay`) cut the steps above short: the threads have
+            # ended (join_thread), and what is left is released all the same,
+            # keeping the log (the next open replays what it must). Before,
+            # the cache stayed "closing" with its directory locked for good.
+            clean = False
+            raise
+        finally:
+            try:
+                if self._log is not None:
+                    self._log.close(remove=clean)
+            finally:
+                try:
+                    if self._store is not None:
+                        self._store.close(checkpoint_wal=clean)
+                finally:
+                    if self._lock_fd is not None:
+                        _release_dir_lock(self._lock_fd)
+                        self._lock_fd = None
+                    self._state = _CLOSED
+                    # The C memory hit and overwrite hold the cache (see
+                    # Cache.__init__): dropping them ends that cycle, and a
+                    # later call is the Python one, which raises.
+                    self._drop_fast_paths()
+
+    def _teardown_threads(self, clean: bool) -> None:
+        """:meth:`_teardown`'s first steps: stop the preload and the
+        write-behind, and (``clean``) store what they leave."""
         self._warm_stop()  # the state is no longer open: it stops at its next batch
         if self._batcher is not None:
             self._batcher.stop()
@@ -133,18 +176,6 @@ class Lifecycle:
                           "last up to %.0f s longer", self.path, exc, self._ttl_clock[0])
         if clean:
             self._residency_at_close()  # the warm restart's list (a hint; never raises)
-        if self._log is not None:
-            self._log.close(remove=clean)
-        if self._store is not None:
-            self._store.close(checkpoint_wal=clean)
-        if self._lock_fd is not None:
-            _release_dir_lock(self._lock_fd)
-            self._lock_fd = None
-        self._state = _CLOSED
-        # The C memory hit and overwrite hold the cache (see Cache.__init__):
-        # dropping them ends that cycle, and a later call is the Python one,
-        # which raises.
-        self._drop_fast_paths()
 
     def _refuse_copy(self, what: str) -> TypeError:
         return TypeError(

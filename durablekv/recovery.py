@@ -52,8 +52,10 @@ def _gc_paused() -> Iterator[None]:
     cyclic garbage made meanwhile (by any thread) waits for the pause to end.
     """
     enabled = gc.isenabled()
-    gc.disable()
     try:
+        # in the try: an exception from a signal handler (Ctrl-C) may land
+        # as disable() returns, and must not leave the collector off
+        gc.disable()
         yield
     finally:
         if enabled:

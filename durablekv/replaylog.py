@@ -654,6 +654,9 @@ class ReplayLog:
                 raise LogWriteError(self._path, exc) from exc
             except (TypeError, ValueError, OverflowError):
                 pass  # arguments the Python code must judge: it raises as it always has
+            except BaseException:
+                self._cut_interrupted_write()
+                raise
             else:
                 if written != size:
                     self._cut_short_write(written, size)
@@ -668,6 +671,9 @@ class ReplayLog:
             written = self._write(self._fd, record)
         except OSError as exc:
             raise LogWriteError(self._path, exc) from exc
+        except BaseException:
+            self._cut_interrupted_write()
+            raise
         if written != len(record):
             self._cut_short_write(written, len(record))
         self._last_start = self._size
@@ -693,6 +699,9 @@ class ReplayLog:
                 raise LogWriteError(self._path, exc) from exc
             except (TypeError, ValueError, OverflowError):
                 pass  # arguments the Python code must judge
+            except BaseException:
+                self._cut_interrupted_write()
+                raise
             else:
                 if written != size:
                     self._cut_short_write(written, size)
@@ -710,6 +719,22 @@ class ReplayLog:
         except OSError:
             pass
         raise LogWriteError(self._path, OSError(28, f"short write ({written} of {size} bytes)"))
+
+    def _cut_interrupted_write(self) -> None:
+        """An exception from a signal handler (Ctrl-C; SIGTERM in ``durablekv
+        replay``) cut an append short, maybe as its write returned, so the
+        record may be in the file. The append raises, so its set was not
+        acknowledged and its LSN is not taken: the next record gets the same
+        LSN, and with this one left in front of it the log would not open
+        ("LSN n follows n"). Cut the file back to the last record appended.
+        (A mapped segment needs nothing: the next record is stored over it.)
+        """
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as exc:
+            log.error("replay log %s: cannot cut an interrupted append off the segment (%s); "
+                      "if the process dies before the cache is closed, the next open "
+                      "reports a damaged log", self._path, exc)
 
     def _roll(self, next_lsn: int) -> None:
         with self._lock:

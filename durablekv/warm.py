@@ -59,7 +59,7 @@ import time
 import zlib
 
 from ._perms import replace_private_file
-from ._threads import start_thread
+from ._threads import join_thread, start_thread
 from .config import _OPEN, _REAL_MONOTONIC
 from .errors import CorruptStoreError, StoreError
 from .recovery import _count_of
@@ -335,7 +335,7 @@ class WarmRestart:
         so it stops at its next batch)."""
         t = getattr(self, "_warm_thread", None)
         if t is not None and t is not threading.current_thread() and t.is_alive():
-            t.join()
+            join_thread(t)
 
     # -- saving ------------------------------------------------------------------------
 

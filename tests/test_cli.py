@@ -335,6 +335,61 @@ def test_sigterm_closes_the_cache_and_removes_the_temporary_directory(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_as_the_temporary_directory_is_made_still_removes_it(tmp_path, monkeypatch,
+                                                                   capsys):
+    """SIGTERM's handler raises where the signal lands: as mkdir returned
+    the temporary directory (inside tempfile.mkdtemp), the replay exited 143
+    and left the directory behind, because what removes it began later."""
+    import tempfile
+
+    from durablekv import cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = os.mkdir
+
+    def interrupted(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        if os.path.basename(path).startswith("durablekv-replay-"):
+            cli._terminate(signal.SIGTERM, None)  # the signal lands as mkdir returns
+
+    monkeypatch.setattr(os, "mkdir", interrupted)
+    assert main(["replay", "--requests", "1000", "--no-progress"]) == 143
+    assert capsys.readouterr().err == "durablekv: terminated\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_as_the_temporary_directory_is_removed_still_removes_all_of_it(
+        tmp_path, monkeypatch, capsys):
+    """A replay that ends removes its temporary directory; SIGTERM landing
+    in that removal (the handler's exception raised as a file's unlink
+    returns) stopped it halfway and left the directory behind."""
+    import shutil
+    import tempfile
+
+    from durablekv import cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real_unlink, real_rmtree = os.unlink, shutil.rmtree
+    removing = []
+
+    def rmtree(path, *args, **kwargs):
+        removing.append(path)
+        return real_rmtree(path, *args, **kwargs)
+
+    def interrupted(path, *args, **kwargs):
+        real_unlink(path, *args, **kwargs)
+        if len(removing) == 1:
+            removing.append("cut")
+            cli._terminate(signal.SIGTERM, None)  # the signal lands as unlink returns
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    monkeypatch.setattr(os, "unlink", interrupted)
+    assert main(["replay", "--requests", "1000", "--no-progress"]) == 143
+    assert "cut" in removing
+    assert capsys.readouterr().err == "durablekv: terminated\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sigterm_whose_exception_was_lost_still_stops_the_replay(tmp_path, capsys,
                                                                   monkeypatch):
     """A signal handler's exception is only reported, not raised, when it

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,266 @@ def test_an_interrupt_while_open_starts_a_thread_still_closes_cleanly(tmp_path, 
     assert not [t for t in threading.enumerate() if t.name.startswith("durablekv-")]
     with opened(path) as cache:  # the directory lock was released
         assert cache["k"] == b"v"
+
+
+def _ctrl_c_once_main_thread_is_in(function: str) -> threading.Thread:
+    """A thread that sends SIGINT (Ctrl-C) to the main thread as soon as the
+    main thread runs ``function`` (a frame of that name on its stack): a
+    real signal, so a blocking wait there is cut short as Ctrl-C cuts it."""
+    main = threading.main_thread().ident
+
+    def watch():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            while frame is not None:
+                if frame.f_code.co_name == function:
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                frame = frame.f_back
+            time.sleep(0.001)
+
+    t = threading.Thread(target=watch, name="ctrl-c", daemon=True)
+    t.start()
+    return t
+
+
+def test_ctrl_c_while_close_waits_for_the_write_behind_still_releases_the_directory(tmp_path):
+    """Ctrl-C as close() waited for the write-behind thread to end its cycle
+    stopped the close there: the log, the store and the directory lock were
+    never released, a second close() did nothing (the cache said closing),
+    and every later open in this process raised CacheLockedError. (Python
+    3.11's Thread.join, cut short, also reports the running thread stopped.)
+    Now the close waits for the thread, releases everything, then raises."""
+    path = tmp_path / "c"
+    cache = Cache(path)
+    for i in range(100):
+        cache[f"k{i}"] = i
+    cache.flush()
+    inside, gate = threading.Event(), threading.Event()
+
+    def held_cycle():  # the write-behind's next cycle waits here
+        inside.set()
+        gate.wait(30)
+
+    cache.background_work = held_cycle
+    cache._batcher.kick(urgent=True)
+    assert inside.wait(10)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        watcher = _ctrl_c_once_main_thread_is_in("join")
+        threading.Timer(0.3, gate.set).start()  # the cycle ends after the interrupt
+        with pytest.raises(KeyboardInterrupt):
+            cache.close()
+        watcher.join()
+    finally:
+        signal.signal(signal.SIGINT, old)
+        gate.set()
+    assert cache.closed
+    assert not [t for t in threading.enumerate() if t.name.startswith("durablekv-")]
+    with opened(path) as again:  # the directory lock was released
+        assert dict(again.items()) == {f"k{i}": i for i in range(100)}
+
+
+@pytest.mark.parametrize("where", ["the residency list", "the replay log", "the store"])
+def test_an_interrupt_in_the_last_steps_of_close_still_releases_the_directory(
+        tmp_path, monkeypatch, where):
+    """An exception from a signal handler (Ctrl-C) as close() saves the
+    warm-restart list, closes the log or closes the store: what is left is
+    still released (the log kept, so nothing acknowledged depends on the cut
+    step), and the cache reopens in this process with every entry."""
+    from durablekv.replaylog import ReplayLog
+    from durablekv.stores.sqlite import SQLitePageStore
+    from durablekv.warm import WarmRestart
+
+    cls, name = {"the residency list": (WarmRestart, "_residency_at_close"),
+                 "the replay log": (ReplayLog, "close"),
+                 "the store": (SQLitePageStore, "close")}[where]
+    real = getattr(cls, name)
+
+    def interrupted(self, *args, **kwargs):
+        real(self, *args, **kwargs)  # done, and the interrupt lands as it returns
+        raise KeyboardInterrupt
+
+    path = tmp_path / "c"
+    cache = Cache(path)
+    for i in range(100):
+        cache[f"k{i}"] = i
+    monkeypatch.setattr(cls, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache.close()
+    monkeypatch.undo()
+    assert cache.closed
+    cache.close()  # idempotent, as ever
+    with opened(path) as again:
+        assert dict(again.items()) == {f"k{i}": i for i in range(100)}
+
+
+@pytest.mark.parametrize("where", ["LOCK gets the pid", "open sets up its state"])
+def test_an_interrupt_just_after_open_takes_the_directory_lock_releases_it(tmp_path,
+                                                                          monkeypatch, where):
+    """An exception from a signal handler (Ctrl-C) landing right after open
+    took the directory's flock (as LOCK got this process's pid, or as open
+    set up its state before the part that cleans up after itself) left the
+    lock held: every later open in this process raised CacheLockedError."""
+    from durablekv import dirlock
+    from durablekv.warm import WarmRestart
+
+    path = tmp_path / "c"
+    with opened(path) as cache:
+        cache["k"] = b"v"
+    if where == "LOCK gets the pid":
+        real = os.pwrite
+
+        def interrupted(*args):
+            real(*args)  # written, and the interrupt lands as it returns
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(dirlock.os, "pwrite", interrupted)
+    else:
+        def interrupted(self, warm):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(WarmRestart, "_warm_init", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Cache(path)
+    monkeypatch.undo()
+    with opened(path) as cache:  # the directory lock was released
+        assert cache["k"] == b"v"
+
+
+def test_an_interrupt_as_a_temporary_cache_makes_its_directory_leaves_none(tmp_path,
+                                                                          monkeypatch):
+    """Cache() with no directory makes one and removes it at close; Ctrl-C
+    landing as mkdir returned it (inside tempfile.mkdtemp) left it behind,
+    as the open's cleanup began later."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = os.mkdir
+
+    def interrupted(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        raise KeyboardInterrupt  # the signal lands as mkdir returns
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "mkdir", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            Cache()
+    assert list(tmp_path.iterdir()) == []
+    with Cache() as cache:  # and a temporary cache still works as before
+        cache["k"] = b"v"
+        made = Path(cache.path)
+        assert made.parent == tmp_path and made.stat().st_mode & 0o777 == 0o700
+    assert not made.exists()
+
+
+def test_an_interrupt_as_close_removes_a_temporary_directory_still_removes_all_of_it(
+        tmp_path, monkeypatch):
+    """Ctrl-C landing in the removal of Cache()'s temporary directory (as a
+    file's unlink returned) stopped it halfway and left the directory."""
+    import shutil
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cache = Cache()
+    cache["k"] = b"v"
+    real_unlink, real_rmtree = os.unlink, shutil.rmtree
+    removing = []
+
+    def rmtree(path, *args, **kwargs):
+        removing.append(path)
+        return real_rmtree(path, *args, **kwargs)
+
+    def interrupted(path, *args, **kwargs):
+        real_unlink(path, *args, **kwargs)
+        if len(removing) == 1:
+            removing.append("cut")
+            raise KeyboardInterrupt  # the signal lands as unlink returns
+
+    with monkeypatch.context() as m:
+        m.setattr(shutil, "rmtree", rmtree)
+        m.setattr(os, "unlink", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            cache.close()
+    assert "cut" in removing
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["the C kernel", "the write seam"])
+def test_an_interrupt_as_a_log_record_is_written_leaves_the_log_whole(tmp_path, monkeypatch,
+                                                                       how):
+    """Where records are appended with write(2) (file systems that get no
+    mapped segment): Ctrl-C landing as a set's write returned left its
+    record in the log while the set raised and took no LSN. A program that
+    went on (a REPL) logged its next set under the same LSN, and after a
+    crash the log could not be opened ('LSN 2 follows 2'); salvaging it
+    dropped that acknowledged set. The record of a set that raised is cut."""
+    from durablekv import replaylog
+    from durablekv.replaylog import ReplayLog
+
+    monkeypatch.setattr(replaylog, "mapped_append_refusal", lambda *args: "a test's write(2)")
+    armed = []
+    if how == "the C kernel":
+        if replaylog._WRITE_RECORD is None:
+            pytest.skip("no C extension (DURABLEKV_PURE or not built)")
+        real_kernel = replaylog._WRITE_RECORD
+
+        def kernel(*args):
+            result = real_kernel(*args)
+            if armed and armed.pop():
+                raise KeyboardInterrupt  # the signal lands as the write returns
+            return result
+
+        monkeypatch.setattr(replaylog, "_WRITE_RECORD", kernel)
+    else:
+        real_write = ReplayLog._write
+
+        def write(self, fd, data):
+            n = real_write(self, fd, data)
+            if armed and armed.pop():
+                raise KeyboardInterrupt
+            return n
+
+        monkeypatch.setattr(ReplayLog, "_write", write)
+    path = tmp_path / "c"
+    cache = Cache(path, flush_interval=3600, flush_batch_pages=10**6)
+    assert cache._log.append_mode == "write"
+    cache["a"] = 1
+    armed.append(True)
+    with pytest.raises(KeyboardInterrupt):
+        cache["b"] = 2
+    cache["c"] = 3  # the program goes on
+    assert dict(cache.items()) == {"a": 1, "c": 3}
+    cache._teardown(clean=False)  # then crashes: no flush, the log kept
+    monkeypatch.undo()
+    with opened(path) as cache:
+        assert dict(cache.items()) == {"a": 1, "c": 3}
+
+
+def test_an_interrupt_as_open_pauses_the_garbage_collector_leaves_it_running(tmp_path,
+                                                                             monkeypatch):
+    """Open pauses the cyclic garbage collector while it reads the log; Ctrl-C
+    landing as gc.disable() returned left it off for the rest of the process."""
+    import gc
+
+    assert gc.isenabled()
+    real = gc.disable
+
+    def interrupted():
+        real()
+        raise KeyboardInterrupt  # the signal lands as disable() returns
+
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(gc, "disable", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                Cache(tmp_path / "c")
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+    with opened(tmp_path / "c") as cache:  # and the open cleaned up after itself
+        cache["k"] = b"v"
 
 
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
