@@ -45,6 +45,7 @@ from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable
 
 from . import codec as _codec
+from ._perms import DIR_MODE
 from .atomic import AtomicOps
 from .batcher import WriteBehindBatcher
 from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, _CLOSED, _CLOSING,
