@@ -90,6 +90,12 @@ def _check_shards(directory: str, r: CheckResult) -> CheckResult:
     return _finish(r)
 
 
+#: Ends the line of a store problem that is a wrong count only (meta's
+#: key_count or data_bytes): every entry is intact, so neither ``check``'s
+#: advice nor ``salvage --on-corruption rebuild`` throws the store away for it.
+COUNT_ONLY = "(a wrong count, not damage to any entry)"
+
+
 def check_directory(directory: str, *, log: bool = True) -> CheckResult:
     """Verify ``directory``; see the module docstring. Never raises for damage.
 
@@ -173,7 +179,8 @@ def _check_contents(directory: str, r: CheckResult, log: bool = True) -> None:
         marked = True
     damage_before = len(r.lines)
     checkpoint = _check_store(directory, r)
-    if not marked and any(line.startswith("DAMAGE") for line in r.lines[damage_before:]):
+    if not marked and any(line.startswith("DAMAGE") and COUNT_ONLY not in line
+                          for line in r.lines[damage_before:]):
         r.next(_rebuild_advice(directory))
     if not log:
         return
@@ -288,7 +295,7 @@ def _check_store(directory: str, r: CheckResult) -> int:
             if actual != meta["data_bytes"]:
                 r.bad(f"{path}: meta data_bytes={meta['data_bytes']!r}, but the pages hold "
                       f"{actual} bytes; size_limit would evict too much or too little "
-                      "(a wrong count, not damage to any entry)")
+                      + COUNT_ONLY)
         return checkpoint
     finally:
         conn.close()
@@ -368,7 +375,7 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
     if len(orphans) > 10:
         bad(f"... and {len(orphans) - 10} more orphaned index rows")
     if key_count != len(index):
-        bad(f"meta key_count={key_count} but the index has {len(index)} keys")
+        bad(f"meta key_count={key_count} but the index has {len(index)} keys " + COUNT_ONLY)
     return problems, pages, entries
 
 

@@ -729,17 +729,19 @@ def _mark_store_damage(directory: str) -> None:
     rebuild mode's ``quick_check`` sees only SQLite's structure), so a page
     that fails its checksum, or a key index that disagrees with the pages,
     would otherwise be left in place, to fail a read later."""
-    from .check import check_directory
+    from .check import COUNT_ONLY, check_directory
     from .stores.sqlitefile import DAMAGE_MARKER, STORE_FILE, mark_damaged
     store = os.path.join(directory, STORE_FILE)
     if not os.path.isfile(store) or os.path.exists(os.path.join(directory, DAMAGE_MARKER)):
         return  # nothing to check, or the open refuses (rebuilds) it anyway
+    # (a wrong count alone is no reason to throw the store away)
     found = [line[8:] for line in check_directory(directory, log=False).lines
-             if line.startswith("DAMAGE")]
+             if line.startswith("DAMAGE") and COUNT_ONLY not in line]
     if found:
         more = f" (and {len(found) - 1} more problems)" if len(found) > 1 else ""
         mark_damaged(store, f"durablekv salvage found: {found[0]}{more}")
-        print(f"note    {store}: {found[0]}{more}; marked damaged, so the open below "
+        where = "" if found[0].startswith(store) else f"{store}: "
+        print(f"note    {where}{found[0]}{more}; marked damaged, so the open below "
               "rebuilds it")
 
 

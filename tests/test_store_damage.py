@@ -285,6 +285,27 @@ def test_salvage_rebuild_of_a_healthy_store_changes_nothing(tmp_path, capsys):
     with Cache(d) as cache:
         assert len(cache) == 40
 
+@pytest.mark.parametrize("count", ["data_bytes", "key_count"])
+def test_a_wrong_count_alone_is_no_reason_to_rebuild(tmp_path, capsys, count):
+    """meta's key_count and data_bytes are counts: check reports a wrong one,
+    but neither advises nor does a rebuild, which would drop every entry."""
+    d = tmp_path / "c"
+    make_store(d, 40)
+    with sqlite3.connect(d / STORE) as conn:
+        conn.execute("UPDATE meta SET value = value + 1 WHERE name = ?", (count,))
+    conn.close()
+    assert main(["check", str(d)]) == 1
+    out = capsys.readouterr().out
+    assert f"meta {count}=" in out and "not damage to any entry" in out, out
+    assert "\nnext " not in out, out
+    assert main(["salvage", "--on-corruption", "rebuild", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "REBUILT" not in out and "marked damaged" not in out, out
+    assert not [p for p in d.iterdir() if "corrupt" in p.name or "damaged" in p.name]
+    with Cache(d, page_size=4) as cache:
+        assert sorted(cache) == sorted(f"k{i}" for i in range(40))
+
+
 def test_check_refuses_an_open_cache_and_reports_the_log(tmp_path, capsys):
     d = tmp_path / "c"
     cache = Cache(d, flush_interval=3600, flush_batch_pages=10**6)
