@@ -220,6 +220,9 @@ class ReplayLog:
         self._fd: int | None = None
         self._path: str | None = None
         self._size = 0
+        # An interrupted write(2) append whose cut-back has not succeeded:
+        # the segment may hold a record past _size (see _cut_interrupted_write)
+        self._cut_pending = False
         self._last_start = -1  # offset of record _last_lsn in the active segment; -1: not there
         self._last_lsn = 0
         self._synced_lsn = 0
@@ -638,6 +641,8 @@ class ReplayLog:
 
         :raises LogWriteError: the write failed; nothing was appended.
         """
+        if self._cut_pending:
+            self._finish_cut()
         if self._size >= self.segment_bytes:
             self._roll(lsn)
         if self._mm is not None:
@@ -667,19 +672,20 @@ class ReplayLog:
         payload = _PAYLOAD_PACK(op, _NAN if expire_at is None else expire_at, len(key)) + key + value
         n = len(payload)
         record = _HEADER_PACK(n, _crc32(payload, _crc32(_LEN_LSN_PACK(n, lsn))), lsn) + payload
-        try:
+        size = len(record)  # (no call between the write and the state below: see
+        try:                # _cut_interrupted_write)
             written = self._write(self._fd, record)
         except OSError as exc:
             raise LogWriteError(self._path, exc) from exc
         except BaseException:
             self._cut_interrupted_write()
             raise
-        if written != len(record):
-            self._cut_short_write(written, len(record))
+        if written != size:
+            self._cut_short_write(written, size)
         self._last_start = self._size
-        self._size += len(record)
+        self._size += size
         self._last_lsn = lsn
-        return len(record)
+        return size
 
     def append_bytes(self, lsn: int, op: int, key: bytes, raw: bytes,
                      expire_at: float | None) -> int:
@@ -688,6 +694,8 @@ class ReplayLog:
         encoding first: the set of a bytes value copies it once, into the
         record. Same record bytes, same errors.
         """
+        if self._cut_pending:
+            self._finish_cut()
         if self._size >= self.segment_bytes:
             self._roll(lsn)
         if self._mm is not None and type(self)._write is _WRITE_SEAM:
@@ -728,13 +736,34 @@ class ReplayLog:
         LSN, and with this one left in front of it the log would not open
         ("LSN n follows n"). Cut the file back to the last record appended.
         (A mapped segment needs nothing: the next record is stored over it.)
+
+        Until the cut has succeeded, every append tries it first and raises
+        :class:`LogWriteError` rather than write behind the stray record
+        (:meth:`_finish_cut`). On Python 3.11 and later no signal handler
+        runs between the write and the append's bookkeeping; on 3.10 one can,
+        which this narrows but cannot close.
         """
+        self._cut_pending = True
         try:
             os.ftruncate(self._fd, self._size)
         except OSError as exc:
             log.error("replay log %s: cannot cut an interrupted append off the segment (%s); "
-                      "if the process dies before the cache is closed, the next open "
-                      "reports a damaged log", self._path, exc)
+                      "the next append tries again and refuses to write until it can",
+                      self._path, exc)
+        else:
+            self._cut_pending = False
+
+    def _finish_cut(self) -> None:
+        """The cut of :meth:`_cut_interrupted_write`, again, before an append.
+
+        :raises LogWriteError: the segment still cannot be cut back; nothing
+            is appended behind a record whose LSN the next one would repeat.
+        """
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as exc:
+            raise LogWriteError(self._path, exc) from exc
+        self._cut_pending = False
 
     def _roll(self, next_lsn: int) -> None:
         with self._lock:

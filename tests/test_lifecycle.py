@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from durablekv import Cache, CacheLockedError
+from durablekv import Cache, CacheLockedError, LogWriteError
 
 from .conftest import opened, owner_process
 
@@ -402,9 +402,10 @@ def test_an_interrupt_as_close_removes_a_temporary_directory_still_removes_all_o
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("cut", ["at once", "at the next set"])
 @pytest.mark.parametrize("how", ["the C kernel", "the write seam"])
 def test_an_interrupt_as_a_log_record_is_written_leaves_the_log_whole(tmp_path, monkeypatch,
-                                                                       how):
+                                                                       how, cut):
     """Where records are appended with write(2) (file systems that get no
     mapped segment): Ctrl-C landing as a set's write returned left its
     record in the log while the set raised and took no LSN. A program that
@@ -438,13 +439,30 @@ def test_an_interrupt_as_a_log_record_is_written_leaves_the_log_whole(tmp_path, 
             return n
 
         monkeypatch.setattr(ReplayLog, "_write", write)
+    real_ftruncate = os.ftruncate
+    refused = []  # while true, cutting the segment fails (an I/O error)
+
+    def ftruncate(fd, length):
+        if refused:
+            raise OSError(5, "Input/output error")
+        return real_ftruncate(fd, length)
+
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
     path = tmp_path / "c"
     cache = Cache(path, flush_interval=3600, flush_batch_pages=10**6)
     assert cache._log.append_mode == "write"
     cache["a"] = 1
     armed.append(True)
+    if cut == "at the next set":
+        refused.append(True)
     with pytest.raises(KeyboardInterrupt):
         cache["b"] = 2
+    if refused:
+        # the next set tries the cut again and, while it still fails,
+        # refuses to write behind the stray record
+        with pytest.raises(LogWriteError, match="Input/output error"):
+            cache["x"] = 0
+        refused.clear()
     cache["c"] = 3  # the program goes on
     assert dict(cache.items()) == {"a": 1, "c": 3}
     cache._teardown(clean=False)  # then crashes: no flush, the log kept
