@@ -6,6 +6,12 @@ import threading
 import time
 
 
+#: How long start_thread waits, after an interrupted start(), for a thread to
+#: report (a launched one does within microseconds; one whose launch the
+#: interrupt preceded never does).
+_LAUNCH_SECONDS = 2.0
+
+
 def start_thread(thread: threading.Thread) -> None:
     """``thread.start()``, settled even when a signal handler's exception
     cuts it short.
@@ -18,7 +24,9 @@ def start_thread(thread: threading.Thread) -> None:
     wait for it. Here the wait is finished first (the thread reports within
     microseconds of being launched) and the exception then propagates. A
     thread that could not be launched at all (``RuntimeError: can't start
-    new thread``) is left as it is, not started.
+    new thread``) is left as it is, not started, and so is one whose
+    launch the exception preceded (``start()`` lists a thread before it
+    launches it): that wait ends after :data:`_LAUNCH_SECONDS`.
 
     Raises:
         whatever ``thread.start()`` raised.
@@ -30,7 +38,11 @@ def start_thread(thread: threading.Thread) -> None:
         # ones still coming up) until it has run, and is_alive() turns true
         # once it has reported. Not launched: it was taken off that list
         # before start() raised.
-        while not thread.is_alive() and thread in threading.enumerate():
+        # The exception can also land before the launch, with the thread
+        # already listed: it never runs, so the wait has a deadline.
+        deadline = time.monotonic() + _LAUNCH_SECONDS
+        while (not thread.is_alive() and thread in threading.enumerate()
+               and time.monotonic() < deadline):
             time.sleep(0.0001)
         raise
 

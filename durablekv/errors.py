@@ -9,7 +9,7 @@ and a closed cache alike)::
      ├── CacheLockedError        the directory is open in another process
      │    └── NamespaceLockedError  a PostgreSQL namespace has another owner
      ├── CacheClosedError        (ValueError) use after close()
- ├── CacheNotOpenError       (RuntimeError) an AsyncCache used before it was opened
+     ├── CacheNotOpenError       (RuntimeError) an AsyncCache used before it was opened
      ├── CacheFailedError        (RuntimeError) fail-stop after a write error
      ├── ConfigError             (ValueError) bad or conflicting settings
      ├── StoreError              problems with pages.sqlite3

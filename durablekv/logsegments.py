@@ -673,6 +673,8 @@ def _next_nonzero(data: bytes, start: int) -> int | None:
         pos += step
         step = min(step * 2, 64 << 10)
     return None
+
+
 def _last_nonzero_end(data: bytes, start: int) -> int:
     """Offset just past the last nonzero byte of ``data`` at or after
     ``start`` (``start`` when there is none): :func:`_next_nonzero` from the

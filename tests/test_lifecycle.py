@@ -190,6 +190,28 @@ class _CutShort(threading.Event):
         return super().wait(timeout)
 
 
+def test_an_interrupt_before_a_thread_is_launched_does_not_hang_its_start(monkeypatch):
+    """Thread.start() lists the thread before it launches it; an exception
+    landing in between leaves a listed thread that never runs, and the wait
+    for it to report must end (it spun for good, keeping SIGTERM's exit)."""
+    from durablekv import _threads
+    launch = "_start_joinable_thread" if hasattr(threading, "_start_joinable_thread") \
+        else "_start_new_thread"
+
+    def interrupted_launch(*args, **kwargs):
+        raise KeyboardInterrupt  # as if it landed just before the launch
+
+    monkeypatch.setattr(threading, launch, interrupted_launch)
+    monkeypatch.setattr(_threads, "_LAUNCH_SECONDS", 0.05)
+    phantom = threading.Thread(target=lambda: None, name="never-launched")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _threads.start_thread(phantom)
+        assert not phantom.is_alive()
+    finally:
+        threading._limbo.pop(phantom, None)  # as 3.11's start() leaves it
+
+
 @pytest.mark.parametrize("thread", ["durablekv-batcher", "durablekv-warm"])
 def test_an_interrupt_while_open_starts_a_thread_still_closes_cleanly(tmp_path, monkeypatch,
                                                                     thread):
