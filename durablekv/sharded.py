@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
+import secrets
 import tempfile
 import time
 from itertools import chain
@@ -39,11 +39,13 @@ from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
 from typing import Any, Callable, Iterator
 
 from . import codec as _codec
+from ._perms import DIR_MODE
 from .cache import Cache
 from .config import (_cache_path, _expire_args_refused, _make_cache_dir, _not_in_durablekv,
                      _stats_args_refused)
 from .memoize import memoize as _memoize
 from .errors import ConfigError
+from .lifecycle import remove_tree
 from .stats import CacheStats
 
 __all__ = ["ShardedCache", "shard_of", "DEFAULT_SHARDS", "MAX_SHARDS"]
@@ -156,7 +158,10 @@ class ShardedCache(MutableMapping):
         if shards is not None and (type(shards) is not int or not 1 <= shards <= MAX_SHARDS):
             raise ConfigError(f"shards must be an int in [1, {MAX_SHARDS}], not {shards!r}")
         if directory is None:
-            directory = tempfile.mkdtemp(prefix="durablekv-")  # 0700, removed by close()
+            # Named here, made (0700) in the try below whose cleanup removes
+            # it (as Cache does): a refused setting, a failing shard or an
+            # exception from a signal handler (Ctrl-C) leaves nothing behind.
+            directory = os.path.join(tempfile.gettempdir(), f"durablekv-{secrets.token_hex(8)}")
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
             raise TypeError(f"the cache directory must be a non-empty path (str or "
                             f"os.PathLike), not {directory!r}; e.g. "
@@ -164,7 +169,24 @@ class ShardedCache(MutableMapping):
         if "name" in options or "directory" in options:
             raise ConfigError("pass name= once, to ShardedCache")
         path = self.path = _cache_path(directory)
-        _make_cache_dir(path)
+        try:
+            if self._temporary:
+                try:
+                    os.mkdir(path, DIR_MODE)
+                except FileExistsError:
+                    self._temporary = False  # not this cache's: never removed here
+                    raise
+            else:
+                _make_cache_dir(path)
+            self._open_shards(path, shards, name, options)
+        except BaseException:
+            self._close_all(raise_first=False)
+            raise
+
+    def _open_shards(self, path: str, shards: int | None, name: str | None,
+                     options: dict[str, Any]) -> None:
+        """Read or write ``SHARDS`` in ``path`` and open every shard (the
+        caller closes the ones opened if this raises)."""
         stored = _read_shard_count(path)
         plain = [f for f in os.listdir(path)
                  if f == "pages.sqlite3" or (f.startswith("replay-") and f.endswith(".log"))]
@@ -192,14 +214,11 @@ class ShardedCache(MutableMapping):
             if type(total) is int and total >= 1:
                 options[opt] = max(1, total // stored)
             # anything else goes to Cache as given, which refuses it
-        try:
-            for i in range(stored):
-                shard = Cache(os.path.join(path, _shard_dir(i)), name=self.name, **options)
-                shard.shard = i
-                self._shards.append(shard)
-        except BaseException:
-            self._close_all(raise_first=False)
-            raise
+        for i in range(stored):
+            shard = Cache(os.path.join(path, _shard_dir(i)), name=self.name, **options)
+            shard.shard = i
+            self._shards.append(shard)
+
 
     # -- routing ---------------------------------------------------------------------
 
@@ -374,7 +393,7 @@ class ShardedCache(MutableMapping):
             except BaseException as exc:  # noqa: BLE001 - re-raised once all are closed
                 first = first or exc
         if self._temporary:
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_tree(self.path)
         if first is not None and raise_first:
             raise first
 

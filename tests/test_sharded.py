@@ -289,6 +289,28 @@ def test_no_directory_is_a_temporary_cache_removed_at_close():
     assert not os.path.exists(path)
 
 
+def test_a_temporary_sharded_cache_that_fails_to_open_leaves_nothing(tmp_path, monkeypatch):
+    """A refused shard setting, or Ctrl-C landing as the directory is made,
+    left a durablekv-* directory in the temporary directory (mkdtemp ran
+    before the try that cleans up)."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(ConfigError):
+        ShardedCache(shards=2, page_size=0)
+    assert list(tmp_path.iterdir()) == []
+    mkdir = os.mkdir
+
+    def interrupted(path, *args, **kwargs):
+        mkdir(path, *args, **kwargs)
+        raise KeyboardInterrupt  # lands as mkdir returns
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "mkdir", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            ShardedCache(shards=2)
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- metrics -----------------------------------------------------------------------
 
 
