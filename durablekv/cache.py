@@ -36,23 +36,21 @@ import logging
 import math
 import os
 import pwd
-import secrets
 import stat
 import sysconfig
-import tempfile
 import threading
 from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable
 
 from . import codec as _codec
-from ._perms import DIR_MODE
 from .atomic import AtomicOps
 from .batcher import WriteBehindBatcher
 from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, _CLOSED, _CLOSING,
                      _FAILED, _FORKED, _Frozen, _MISSING, _OPEN,
                      _REAL_MONOTONIC, _U32_PACK, _cache_path, _check_clock, _check_config,
                      _check_expire, _check_timeout, _key_too_long, _make_cache_dir,
-                     _not_in_durablekv, _tags_refused, _timeout_refused)
+                     _make_temporary_dir, _not_in_durablekv, _tags_refused,
+                     _temporary_cache_path, _timeout_refused)
 from .dirlock import _acquire_dir_lock, _move_aside
 from . import pgwire as _pgwire
 from .errors import (CacheClosedError, CacheFailedError, ConfigError, CorruptStoreError,
@@ -272,12 +270,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             _check_clock(clock)
         codec = _codec.codec_by_name(serializer)
         if directory is None:
-            # Named here, made (0700) in the try below whose cleanup removes
-            # it: an exception from a signal handler (Ctrl-C) may land as
-            # mkdir returns, and tempfile.mkdtemp would then leave a directory
-            # that nothing knows. Settings are checked first: a refused one
-            # leaves no directory behind.
-            directory = os.path.join(tempfile.gettempdir(), f"durablekv-{secrets.token_hex(8)}")
+            # made in the try below whose cleanup removes it; settings are
+            # checked first: a refused one leaves no directory behind
+            directory = _temporary_cache_path()
         path = _cache_path(directory)
         self.path = path
         self.name = os.path.basename(path.rstrip(os.sep)) if name is None else str(name)
@@ -307,11 +302,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         # after by the teardown below.
         try:
             if self._temporary:
-                try:
-                    os.mkdir(path, DIR_MODE)
-                except FileExistsError:
-                    self._temporary = False  # not this cache's: never removed here
-                    raise
+                _make_temporary_dir(self)
             try:
                 if self._store_url is None:
                     _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import struct
+import tempfile
 import time
 from numbers import Number
 from typing import Any
@@ -166,6 +168,31 @@ def _cache_path(directory: Any) -> str:
     is the user's home directory (``os.path.expanduser``), as diskcache and
     a shell take it."""
     return os.path.abspath(os.path.expanduser(os.fspath(directory)))
+
+
+def _temporary_cache_path() -> str:
+    """The path of a new temporary cache directory (``durablekv-*`` in
+    ``tempfile.gettempdir()``), not made yet: the cache makes it with
+    :func:`_make_temporary_dir` inside the ``try`` whose cleanup removes it.
+    (``tempfile.mkdtemp`` would make it before that ``try``, and an exception
+    from a signal handler, Ctrl-C, landing as its mkdir returned would leave
+    a directory nothing knows.)"""
+    return os.path.join(tempfile.gettempdir(), f"durablekv-{secrets.token_hex(8)}")
+
+
+def _make_temporary_dir(owner: Any) -> None:
+    """Make ``owner.path`` (mode 0700), the directory
+    :func:`_temporary_cache_path` named for a cache (or sharded cache) whose
+    ``_temporary`` is true.
+
+    :raises FileExistsError: the path exists (not this cache's): ``owner._temporary``
+        is then false, so its cleanup never removes it.
+    """
+    try:
+        os.mkdir(owner.path, DIR_MODE)
+    except FileExistsError:
+        owner._temporary = False
+        raise
 
 
 def _make_cache_dir(path: str) -> None:

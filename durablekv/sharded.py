@@ -30,8 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets
-import tempfile
 import time
 from itertools import chain
 from zlib import crc32
@@ -39,10 +37,9 @@ from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
 from typing import Any, Callable, Iterator
 
 from . import codec as _codec
-from ._perms import DIR_MODE
 from .cache import Cache
-from .config import (_cache_path, _expire_args_refused, _make_cache_dir, _not_in_durablekv,
-                     _stats_args_refused)
+from .config import (_cache_path, _expire_args_refused, _make_cache_dir, _make_temporary_dir,
+                     _not_in_durablekv, _stats_args_refused, _temporary_cache_path)
 from .memoize import memoize as _memoize
 from .errors import ConfigError
 from .lifecycle import remove_tree
@@ -158,10 +155,8 @@ class ShardedCache(MutableMapping):
         if shards is not None and (type(shards) is not int or not 1 <= shards <= MAX_SHARDS):
             raise ConfigError(f"shards must be an int in [1, {MAX_SHARDS}], not {shards!r}")
         if directory is None:
-            # Named here, made (0700) in the try below whose cleanup removes
-            # it (as Cache does): a refused setting, a failing shard or an
-            # exception from a signal handler (Ctrl-C) leaves nothing behind.
-            directory = os.path.join(tempfile.gettempdir(), f"durablekv-{secrets.token_hex(8)}")
+            # made in the try below whose cleanup removes it (as Cache's)
+            directory = _temporary_cache_path()
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
             raise TypeError(f"the cache directory must be a non-empty path (str or "
                             f"os.PathLike), not {directory!r}; e.g. "
@@ -171,11 +166,7 @@ class ShardedCache(MutableMapping):
         path = self.path = _cache_path(directory)
         try:
             if self._temporary:
-                try:
-                    os.mkdir(path, DIR_MODE)
-                except FileExistsError:
-                    self._temporary = False  # not this cache's: never removed here
-                    raise
+                _make_temporary_dir(self)
             else:
                 _make_cache_dir(path)
             self._open_shards(path, shards, name, options)

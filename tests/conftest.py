@@ -142,6 +142,30 @@ def owner_process(directory, close: bool = True) -> subprocess.Popen:
     return proc
 
 
+def interrupt_first_removal(m: pytest.MonkeyPatch, interrupt) -> list:
+    """Patch ``shutil.rmtree`` and ``os.unlink`` on ``m`` so that ``interrupt()``
+    runs as the first removal's first unlink returns: where a signal
+    handler's exception (Ctrl-C, SIGTERM) lands in the removal of a
+    temporary directory. Returns a list that holds ``"cut"`` once it has."""
+    import shutil
+    real_unlink, real_rmtree = os.unlink, shutil.rmtree
+    removing: list = []
+
+    def rmtree(path, *args, **kwargs):
+        removing.append(path)
+        return real_rmtree(path, *args, **kwargs)
+
+    def unlink(path, *args, **kwargs):
+        real_unlink(path, *args, **kwargs)
+        if len(removing) == 1:
+            removing.append("cut")
+            interrupt()
+
+    m.setattr(shutil, "rmtree", rmtree)
+    m.setattr(os, "unlink", unlink)
+    return removing
+
+
 def run_threads(target, n: int) -> None:
     """Run ``target(i)`` in ``n`` threads at once and wait for them all."""
     threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]

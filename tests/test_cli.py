@@ -15,7 +15,7 @@ import pytest
 from durablekv import Cache
 from durablekv.cli import main
 
-from .conftest import owner_process, trace_path
+from .conftest import interrupt_first_removal, owner_process, trace_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -363,27 +363,13 @@ def test_sigterm_as_the_temporary_directory_is_removed_still_removes_all_of_it(
     """A replay that ends removes its temporary directory; SIGTERM landing
     in that removal (the handler's exception raised as a file's unlink
     returns) stopped it halfway and left the directory behind."""
-    import shutil
     import tempfile
 
     from durablekv import cli
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    real_unlink, real_rmtree = os.unlink, shutil.rmtree
-    removing = []
-
-    def rmtree(path, *args, **kwargs):
-        removing.append(path)
-        return real_rmtree(path, *args, **kwargs)
-
-    def interrupted(path, *args, **kwargs):
-        real_unlink(path, *args, **kwargs)
-        if len(removing) == 1:
-            removing.append("cut")
-            cli._terminate(signal.SIGTERM, None)  # the signal lands as unlink returns
-
-    monkeypatch.setattr(shutil, "rmtree", rmtree)
-    monkeypatch.setattr(os, "unlink", interrupted)
+    removing = interrupt_first_removal(
+        monkeypatch, lambda: cli._terminate(signal.SIGTERM, None))
     assert main(["replay", "--requests", "1000", "--no-progress"]) == 143
     assert "cut" in removing
     assert capsys.readouterr().err == "durablekv: terminated\n"

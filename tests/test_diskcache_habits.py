@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from durablekv import Cache, ShardedCache
+from durablekv import Cache, ConfigError, ShardedCache
 
 from .conftest import opened, run_threads
 
@@ -157,18 +157,15 @@ def test_a_named_directory_is_never_removed(tmp_path):
 
 
 def test_a_temporary_cache_that_fails_to_open_leaves_no_directory(tmp_path, monkeypatch):
-    made = []
-    real = __import__("tempfile").mkdtemp
-
-    def mkdtemp(**kw):
-        made.append(real(**kw))
-        return made[-1]
-    monkeypatch.setattr("durablekv.cache.tempfile.mkdtemp", mkdtemp)
-    with pytest.raises(Exception):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where Cache() makes its own
+    with pytest.raises(ConfigError):
         Cache(page_size=0)
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigError):
         Cache(max_value_bytes=-1)
-    assert made == []  # the settings are checked before the directory is made
+    assert list(tmp_path.iterdir()) == []
+    with Cache() as cache:  # (and that is where it is made)
+        assert os.path.dirname(cache.path) == str(tmp_path)
 
 
 # -- volume() ------------------------------------------------------------------------

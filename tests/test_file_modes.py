@@ -188,7 +188,8 @@ print(json.dumps(out))
 def test_a_read_only_store_file_is_not_refused_to_a_user_who_may_write_it(tmp_path):
     """os.access decides, not the mode bits: root writes a 0444 file."""
     if os.geteuid() != 0:
-        pytest.skip("only root may write a file whose mode says read-only")
+        pytest.skip("only root may write a file whose mode says read-only; the refusal "
+                    "of the same file to another user is the test above")
     d = tmp_path / "c"
     with opened(d) as c:
         c["a"] = 1
