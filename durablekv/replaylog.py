@@ -221,7 +221,7 @@ class ReplayLog:
         self._path: str | None = None
         self._size = 0
         # An interrupted write(2) append whose cut-back has not succeeded:
-        # the segment may hold a record past _size (see _cut_interrupted_write)
+        # the segment may hold a record past _size (see _cut_back)
         self._cut_pending = False
         self._last_start = -1  # offset of record _last_lsn in the active segment; -1: not there
         self._last_lsn = 0
@@ -660,7 +660,7 @@ class ReplayLog:
             except (TypeError, ValueError, OverflowError):
                 pass  # arguments the Python code must judge: it raises as it always has
             except BaseException:
-                self._cut_interrupted_write()
+                self._cut_back()
                 raise
             else:
                 if written != size:
@@ -673,12 +673,12 @@ class ReplayLog:
         n = len(payload)
         record = _HEADER_PACK(n, _crc32(payload, _crc32(_LEN_LSN_PACK(n, lsn))), lsn) + payload
         size = len(record)  # (no call between the write and the state below: see
-        try:                # _cut_interrupted_write)
+        try:                # _cut_back)
             written = self._write(self._fd, record)
         except OSError as exc:
             raise LogWriteError(self._path, exc) from exc
         except BaseException:
-            self._cut_interrupted_write()
+            self._cut_back()
             raise
         if written != size:
             self._cut_short_write(written, size)
@@ -708,7 +708,7 @@ class ReplayLog:
             except (TypeError, ValueError, OverflowError):
                 pass  # arguments the Python code must judge
             except BaseException:
-                self._cut_interrupted_write()
+                self._cut_back()
                 raise
             else:
                 if written != size:
@@ -720,15 +720,12 @@ class ReplayLog:
         return self.append(lsn, op, key, b"b" + _U32_PACK(len(raw)) + raw, expire_at)
 
     def _cut_short_write(self, written: int, size: int) -> None:
-        # A short write leaves a torn record: cut it off again so that the
-        # next append does not land behind garbage.
-        try:
-            os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
-        except OSError:
-            pass
+        # A short write leaves a torn record: cut it off again (see _cut_back)
+        # so that the next append does not land behind garbage.
+        self._cut_back()
         raise LogWriteError(self._path, OSError(28, f"short write ({written} of {size} bytes)"))
 
-    def _cut_interrupted_write(self) -> None:
+    def _cut_back(self) -> None:
         """An exception from a signal handler (Ctrl-C; SIGTERM in ``durablekv
         replay``) cut an append short, maybe as its write returned, so the
         record may be in the file. The append raises, so its set was not
@@ -736,6 +733,7 @@ class ReplayLog:
         LSN, and with this one left in front of it the log would not open
         ("LSN n follows n"). Cut the file back to the last record appended.
         (A mapped segment needs nothing: the next record is stored over it.)
+        A short write (:meth:`_cut_short_write`) is cut back the same way.
 
         Until the cut has succeeded, every append tries it first and raises
         :class:`LogWriteError` rather than write behind the stray record
@@ -747,14 +745,14 @@ class ReplayLog:
         try:
             os.ftruncate(self._fd, self._size)
         except OSError as exc:
-            log.error("replay log %s: cannot cut an interrupted append off the segment (%s); "
+            log.error("replay log %s: cannot cut a failed append off the segment (%s); "
                       "the next append tries again and refuses to write until it can",
                       self._path, exc)
         else:
             self._cut_pending = False
 
     def _finish_cut(self) -> None:
-        """The cut of :meth:`_cut_interrupted_write`, again, before an append.
+        """The cut of :meth:`_cut_back`, again, before an append.
 
         :raises LogWriteError: the segment still cannot be cut back; nothing
             is appended behind a record whose LSN the next one would repeat.

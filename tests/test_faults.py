@@ -750,3 +750,47 @@ def test_a_log_segment_that_cannot_be_deleted_is_kept_and_nothing_is_committed_t
         assert refused[0] not in list_segments(str(d)) and commits == [1, 1]
     with Cache(d) as c:
         assert len(c) == 301 and c["k299"] == "x" * 40
+
+
+@pytest.mark.parametrize("cut", ["at once", "at the next set"])
+def test_a_short_log_write_is_cut_off_and_the_log_stays_whole(tmp_path, monkeypatch, cut):
+    """A write(2) that stores only part of a record (a full disk can do that)
+    raises LogWriteError, and the part is cut off again; where that cut fails
+    too, the next set retries it and refuses to write behind the torn part."""
+    from durablekv import replaylog
+
+    monkeypatch.setattr(replaylog, "mapped_append_refusal", lambda *args: "a test's write(2)")
+    real_write, real_ftruncate = ReplayLog._write, os.ftruncate
+    short, refused = [], []
+
+    def write(self, fd, data):
+        if short:
+            short.clear()
+            return real_write(self, fd, data[:len(data) // 2])
+        return real_write(self, fd, data)
+
+    def ftruncate(fd, length):
+        if refused:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_ftruncate(fd, length)
+
+    monkeypatch.setattr(ReplayLog, "_write", write)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    path = tmp_path / "c"
+    cache = Cache(path, flush_interval=3600, flush_batch_pages=10**6)
+    assert cache._log.append_mode == "write"
+    cache["a"] = 1
+    short.append(True)
+    if cut == "at the next set":
+        refused.append(True)
+    with pytest.raises(LogWriteError, match="short write"):
+        cache["b"] = 2
+    if refused:
+        with pytest.raises(LogWriteError, match="Input/output error"):
+            cache["x"] = 0
+        refused.clear()
+    cache["c"] = 3
+    cache._teardown(clean=False)  # a crash: no flush, the log kept
+    monkeypatch.undo()
+    with Cache(path) as cache:
+        assert dict(cache.items()) == {"a": 1, "c": 3}
