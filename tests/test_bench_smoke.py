@@ -93,6 +93,8 @@ def test_sustained_restart_memory(quick_run: dict) -> None:
 
 
 def test_replays_match_the_simulator(quick_run: dict) -> None:
+    from .conftest import trace_path
+    trace_path("arc_OLTP.lis"), trace_path("cache2k_orm-busy.i32be")  # skip (or fail in CI)
     rows = quick_run["res"]["macro"]
     assert {r["trace"] for r in rows} >= {"cache2k_orm-busy.i32be", "arc_OLTP.lis"}
     checked = [r for r in rows if "exact" in r]
@@ -108,12 +110,18 @@ def test_targets_and_documents(quick_run: dict) -> None:
         if t["ratio"] is not None:
             assert t["met"] in (True, False)
     table = (out / "res.md").read_text()
-    assert "## Targets" in table and "## Micro" in table and "## Macro" in table
+    assert "## Targets" in table and "## Micro" in table
+    # the macro replays need the real traces; without them (a user's clone)
+    # the rest of the documents must still be written
+    from .conftest import REQUIRE_TRACES, TRACES
+    traces = REQUIRE_TRACES or (TRACES / "arc_OLTP.lis").exists()
+    assert ("## Macro" in table) == traces
     doc = (out / "performance.md").read_text()
     assert "python -m bench" in doc and res["machine"]["cpu_model"] in doc
     if _has("matplotlib"):
         pngs = sorted(p.name for p in (out / "plots").glob("*.png"))
-        assert "throughput_micro.png" in pngs and "hit_ratio_arc_OLTP.png" in pngs
+        assert "throughput_micro.png" in pngs
+        assert ("hit_ratio_arc_OLTP.png" in pngs) == traces
         for name in pngs:
             assert f"plots/{name}" in doc
 

@@ -23,6 +23,7 @@ def test_wheel_ships_migrations_and_works_outside_the_tree(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "durablekv/migrations/0001_init.sql" in names
     assert "durablekv/migrations/postgres/0001_init.sql" in names
+    assert "durablekv/samples/web-sample.csv" in names
     assert "durablekv/stores/postgres.py" in names
     assert "durablekv/llm/pool.py" in names
     assert not any(n.startswith("tests/") for n in names)
