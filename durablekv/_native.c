@@ -1066,7 +1066,8 @@ static PyObject *s_pending, *s_max_pending, *s_max_value, *s_page_bytes_limit, *
                 *s_last_lsn_c, *s_mm, *s_size, *s_segment_bytes, *s_write, *s_last_start,
                 *s_last_lsn, *s_values, *s_nbytes, *s_resident_bytes, *s_version,
                 *s_dirty_lsn, *s_page_id, *s_locked_ticks, *s_sets, *s_acquire, *s_release,
-                *s_dirty_since, *s_flush_batch, *s_batcher, *s_kick, *s_lock;
+                *s_dirty_since, *s_flush_batch, *s_batcher, *s_kick, *s_lock,
+                *s_failed_after_log;
 
 static int
 set_traverse(SetState *self, visitproc visit, void *arg)
@@ -1232,7 +1233,7 @@ set_check_and_log(SetState *st, PyObject *key, PyObject *value, PyObject *page, 
     PyBuffer_Release(&view);
     if (set_ssize(st->log, s_last_start, a) < 0 || set_ssize(st->log, s_size, a + size) < 0 ||
             set_ssize(st->log, s_last_lsn, lsn) < 0)
-        return -1;
+        return -2;  /* the record is in the mapping: hot_set fails the cache */
     return 1;
 }
 
@@ -1323,6 +1324,8 @@ hot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwna
     }
     Py_DECREF(r);
     int ok = 0;
+    int logged = 0;  /* the record is in the log: an error from here fails the cache */
+    Py_ssize_t lsn = 0;
     PyObject *ref = NULL;
     PyObject *state = PyObject_GetAttr(st->cache, s_state);
     if (state == NULL)
@@ -1366,19 +1369,24 @@ hot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwna
         Py_DECREF(values);
         goto error;
     }
-    Py_ssize_t lsn = last + 1;
+    lsn = last + 1;
     int was_dirty = 0;
     int go = set_check_and_log(st, key, value, page, nbytes, lsn,
                                (const char *)PyUnicode_DATA(key), klen, &was_dirty);
     if (go <= 0) {
         Py_DECREF(values);
+        logged = go == -2;
         if (go < 0)
             goto error;
         goto release;
     }
     /* From here on the record is in the log: the steps below must all be
-       taken (they fail only on memory exhaustion, when the cache fails as
-       the Python path's would). */
+       taken. They fail only on memory exhaustion (or an exception from a
+       kick the batcher was given); then the cache fails, as the Python
+       path's does (Cache._failed_after_log), so that the LSN is never
+       logged again and memory, which did not take the write, serves
+       nothing more. */
+    logged = 1;
     if (set_ssize(st->cache, s_last_lsn_c, lsn) < 0)
         goto error_values;
     Py_INCREF(value);
@@ -1429,6 +1437,18 @@ error:
     {
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
+        if (logged) {
+            /* (still under the lock) the original error is kept whatever
+               this call does */
+            PyErr_NormalizeException(&et, &ev, &tb);
+            PyObject *n = PyLong_FromSsize_t(lsn);
+            PyObject *fr = n == NULL ? NULL : PyObject_CallMethodObjArgs(
+                st->cache, s_failed_after_log, n, ev != NULL ? ev : Py_None, NULL);
+            Py_XDECREF(n);
+            if (fr == NULL)
+                PyErr_Clear();
+            Py_XDECREF(fr);
+        }
         PyObject *rr = PyObject_CallMethodNoArgs(lock, s_release);
         Py_XDECREF(rr);
         PyErr_Restore(et, ev, tb);
@@ -2119,6 +2139,7 @@ PyInit__native(void)
     INTERN(s_acquire, "acquire"); INTERN(s_release, "release");
     INTERN(s_dirty_since, "dirty_since"); INTERN(s_flush_batch, "flush_batch_pages");
     INTERN(s_batcher, "_batcher"); INTERN(s_kick, "kick"); INTERN(s_lock, "_lock");
+    INTERN(s_failed_after_log, "_failed_after_log");
 #undef INTERN
     s_state = PyUnicode_InternFromString("_state");
     s_pstate = PyUnicode_InternFromString("state");

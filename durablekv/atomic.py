@@ -13,7 +13,6 @@ from typing import Any
 
 from . import codec as _codec
 from .config import _MISSING, _check_counter_args, _check_expire, _tags_refused
-from .logsegments import OP_DELETE
 
 
 class AtomicOps:
@@ -128,9 +127,7 @@ class AtomicOps:
             # entry keeps (a set of an equal key keeps it too)
             kb = _codec.encode_key(page.keys[slot])
             if expire == 0:
-                lsn = self._append(OP_DELETE, kb, b"", None)
-                self._apply_delete(key, lsn)
-                self._deletes += 1
+                lsn = self._logged_delete(key, kb)
             else:
                 held = page.values[slot]
                 vb = self._codec.to_blob(held)
@@ -154,9 +151,7 @@ class AtomicOps:
                 return default
             page, slot, _ = ref
             value = self._codec.from_memory(page.values[slot])
-            lsn = self._append(OP_DELETE, kb, b"", None)
-            self._apply_delete(key, lsn)
-            self._deletes += 1
+            lsn = self._logged_delete(key, kb)
         if self._sync_writes:
             self._sync(lsn)
         return value

@@ -34,6 +34,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import inspect
 import os
 import pwd
 import stat
@@ -50,7 +51,8 @@ from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, _CLOSED, _CLOSING,
                      _REAL_MONOTONIC, _U32_PACK, _cache_path, _check_clock, _check_config,
                      _check_expire, _check_timeout, _key_too_long, _make_cache_dir,
                      _make_temporary_dir, _not_in_durablekv, _tags_refused,
-                     _temporary_cache_path, _timeout_refused)
+                     _temporary_cache_path, _timeout_refused,
+                     unknown_options)
 from .dirlock import _acquire_dir_lock, _move_aside
 from . import pgwire as _pgwire
 from .errors import (CacheClosedError, CacheFailedError, ConfigError, CorruptStoreError,
@@ -65,7 +67,7 @@ from .nowait import NoWait
 from .pages import HAS_TTL, RESIDENT, SLOTTED, MemoryTier, make_tier
 from .policy import check_policy
 from .recovery import Recovery, _gc_paused
-from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, _first_lsn_of, list_segments
+from .logsegments import OP_CLEAR, OP_SET, _first_lsn_of, list_segments
 from .replaylog import ReplayLog
 from .scan import Scans
 from .stores.sqlite import SQLitePageStore
@@ -240,9 +242,11 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                  store: str | None = None, namespace: str | None = None,
                  policy: str = "lru", max_memory_bytes: int | None = None,
                  size_limit: int | None = None, warm: bool = True,
-                 timeout: Any = None) -> None:
+                 timeout: Any = None, **unknown: Any) -> None:
         self._state = _CLOSED
         self._temporary = directory is None
+        if unknown:
+            raise unknown_options("Cache", unknown, _CACHE_OPTIONS)
         if timeout is not None:
             raise _timeout_refused(timeout)
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
@@ -415,6 +419,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             result = self._log.recover(store.checkpoint_lsn, salvage=salvage_log)
             self.torn_records = result.torn_records
             self.salvaged_bytes = result.salvaged_bytes
+            #: with salvage_log=True: what the log lacked that its control
+            #: file says it held (deleted segments), in words; else None
+            self.salvage_lost = result.lost
             self._state = _OPEN
             store.resume_snapshot()  # no commit runs until the batcher's first snapshot
             self._batcher.start()
@@ -656,28 +663,32 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                                 self._log.append_bytes(lsn, OP_SET, kb, value, None)
                             else:
                                 self._log.append(lsn, OP_SET, kb, vb, None)
-                        self._last_lsn = lsn
-                        page.values[ref[1]] = held
-                        if type(ref) is list:
-                            ref[2] = held
-                        else:  # its first overwrite (see MemoryTier)
-                            tier.table[key] = [page, ref[1], held]
-                        page.nbytes += nbytes
-                        tier.resident_bytes += nbytes
-                        page.version += 1
-                        if page.dirty_lsn is None:
-                            page.dirty_lsn = lsn
-                        dirty = tier.dirty
-                        if page.page_id not in dirty:
-                            dirty[page.page_id] = page
-                            page.dirty_since = _REAL_MONOTONIC[0]()
-                            if len(dirty) == self.flush_batch_pages:
-                                self._batcher.kick()
-                        page.stamp = next(self._ticks)
-                        tier.locked_ticks += 1
-                        if tier.max_bytes is not None and \
-                                tier.resident_bytes > tier.max_bytes:
-                            tier.shrink(page)
+                        try:  # (no cost unless it raises: see _failed_after_log)
+                            self._last_lsn = lsn
+                            page.values[ref[1]] = held
+                            if type(ref) is list:
+                                ref[2] = held
+                            else:  # its first overwrite (see MemoryTier)
+                                tier.table[key] = [page, ref[1], held]
+                            page.nbytes += nbytes
+                            tier.resident_bytes += nbytes
+                            page.version += 1
+                            if page.dirty_lsn is None:
+                                page.dirty_lsn = lsn
+                            dirty = tier.dirty
+                            if page.page_id not in dirty:
+                                dirty[page.page_id] = page
+                                page.dirty_since = _REAL_MONOTONIC[0]()
+                                if len(dirty) == self.flush_batch_pages:
+                                    self._batcher.kick()
+                            page.stamp = next(self._ticks)
+                            tier.locked_ticks += 1
+                            if tier.max_bytes is not None and \
+                                    tier.resident_bytes > tier.max_bytes:
+                                tier.shrink(page)
+                        except BaseException as exc:
+                            self._failed_after_log(lsn, exc)
+                            raise
                         self._sets += 1
                         lsn_to_sync = lsn
                         expire_at = None
@@ -704,8 +715,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                     self._sets += 1
                     if ref is None:
                         return
-                    lsn_to_sync = self._append(OP_DELETE, kb, b"", None)
-                    self._apply_delete(key, lsn_to_sync)
+                    lsn_to_sync = self._logged_delete(key, kb, count=False)  # (a set)
             if lsn_to_sync is None:
                 # An expired entry is gone: the key is stored anew (keeping the
                 # new key object, as a dict does for a fresh key), not updated.
@@ -735,9 +745,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                 self._backpressure()  # (a page only in the store comes in pending)
             if self._ref(key, for_delete=True) is None:
                 return False
-            lsn = self._append(OP_DELETE, kb, b"", None)
-            self._apply_delete(key, lsn)
-            self._deletes += 1
+            lsn = self._logged_delete(key, kb)
         if self._sync_writes:
             self._sync(lsn)
         return True
@@ -752,7 +760,11 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         with self._lock:
             self._check_open()
             lsn = self._append(OP_CLEAR, b"", b"", None)
-            self._apply_clear(lsn)
+            try:
+                self._apply_clear(lsn)
+            except BaseException as exc:
+                self._failed_after_log(lsn, exc)
+                raise
             self._batcher.kick()
         if self._sync_writes:
             self._sync(lsn)
@@ -798,6 +810,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
     # that says what to use instead (docs/diskcache.md)
     transact = _not_in_durablekv("transact")
     check = _not_in_durablekv("check")
+    cull = _not_in_durablekv("cull")
+    iterkeys = _not_in_durablekv("iterkeys")
+    has_key = _not_in_durablekv("has_key")
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every write acknowledged before this call is in SQLite.
@@ -915,3 +930,7 @@ if sysconfig.get_config_var("Py_GIL_DISABLED"):
     Cache.__contains__ = _contains_with_lock  # type: ignore[method-assign]
 
 
+
+#: The keyword options Cache() takes (named in the error an unknown one gets).
+_CACHE_OPTIONS = tuple(p for p in inspect.signature(Cache.__init__).parameters
+                       if p not in ("self", "directory", "timeout", "unknown"))

@@ -32,6 +32,7 @@ from typing import Any
 from .dirlock import LOCK_FILE, lock_directory, lock_owner_pid
 from .codec import SafeCodec, canonical_key, decode_key
 from .errors import CacheLockedError
+from .logcontrol import cut_from_mapped, missing_records, position_problem, read_control
 from .logsegments import OP_SET, _record_offset, list_segments, scan_segment_file, start_gap_detail
 from .stores.base import meta_problems
 from .stores.pageformat import decode_page, page_crc
@@ -278,6 +279,12 @@ def _check_store(directory: str, r: CheckResult) -> int:
         checkpoint = meta["checkpoint_lsn"]
         r.good(f"settings: page_size={meta.get('page_size')} serializer={meta.get('serializer')} "
                f"checkpoint_lsn={checkpoint}")
+        if r.serializer not in ("safe", "json"):
+            # what the open says to any other serializer= (SQLitePageStore._settings)
+            r.note(f"{path}: stores values with serializer={r.serializer!r}: open it with "
+                   f"serializer={r.serializer!r}" + (
+                       "" if r.serializer == "pickle" else
+                       " (a ValueCodec of that name: durablekv ships 'safe' and 'pickle')"))
         index = {k: (pid, exp) for k, pid, exp in
                  conn.execute("SELECT key, page_id, expire_at FROM keys")}
         # schema version 3 on: every page row carries a checksum (page_crc)
@@ -285,7 +292,7 @@ def _check_store(directory: str, r: CheckResult) -> int:
         problems, pages, entries = index_agreement(
             index, conn.execute("SELECT page_id, n_entries, data, " +
                                 ("crc" if checksums else "NULL") + " FROM pages"),
-            int(meta.get("key_count", -1)), meta["page_size"], checksums)
+            int(meta.get("key_count", -1)), meta["page_size"], checksums, r.serializer)
         for problem in problems:
             r.bad(problem)
         if r.ok:
@@ -302,7 +309,8 @@ def _check_store(directory: str, r: CheckResult) -> int:
 
 
 def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any,
-                    key_count: int, page_size: int, checksums: bool) -> tuple[list[str], int, int]:
+                    key_count: int, page_size: int, checksums: bool,
+                    serializer: str | None = None) -> tuple[list[str], int, int]:
     """Check that a store's key index and pages agree both ways.
 
     :param index: ``{canonical key: (page_id, expire_at)}``, every index row.
@@ -311,6 +319,11 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
         ``checksums``).
     :param key_count: the store's recorded key count.
     :param page_size: slots per page (a slot past it is damage).
+    :param serializer: the store's value codec; for ``"safe"``/``"json"`` and
+        ``"pickle"`` each value's first byte is checked against it (a pickle
+        starts with the PROTO opcode 0x80, a safe encoding with an ASCII
+        tag), without decoding, so that a changed meta ``serializer`` is
+        found (a pickle is never loaded: that could run code).
     :returns: ``(problems, pages, entries)``: one line per disagreement
         ([] when they agree), and how many pages and entries were read.
     """
@@ -322,6 +335,9 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
     # damage, said on its line, not an "orphaned index row" each.
     unreadable: set[Any] = set()
     keys_in: dict[Any, int] | None = None
+    want_pickle = {"pickle": True, "safe": False, "json": False}.get(serializer or "")
+    foreign = 0
+    first_foreign: str | None = None
 
     def their_keys(pid: Any) -> str:
         nonlocal keys_in
@@ -353,8 +369,12 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
             bad(f"page {pid}: slot {max(slots)} is past page_size {page_size}")
         if len(set(slots)) != len(slots):
             bad(f"page {pid}: lists a slot twice")
-        for slot, kb, _vb, exp in got:
+        for slot, kb, vb, exp in got:
             entries += 1
+            if want_pickle is not None and vb and (vb[0] == 0x80) != want_pickle:
+                foreign += 1
+                if first_foreign is None:
+                    first_foreign = f"page {pid} slot {slot}, starting {vb[:2]!r}"
             try:
                 ck = canonical_key(decode_key(kb))
             except (ValueError, TypeError, IndexError) as exc:
@@ -369,6 +389,11 @@ def index_agreement(index: dict[bytes, tuple[int, float | None]], page_rows: Any
                     f"in page {row[0]}")
             elif row[1] != exp:
                 bad(f"page {pid} slot {slot}: expire_at {exp} but the index says {row[1]}")
+    if foreign:
+        bad(f"{foreign} value{'s are' if foreign != 1 else ' is'} not "
+            f"{'a pickle' if want_pickle else 'in the safe encoding'} (the first: "
+            f"{first_foreign}), although meta serializer={serializer!r} says so: the values "
+            "were written with another serializer, and the meta table was changed since")
     orphans = {ck for ck in set(index) - seen if index[ck][0] not in unreadable}
     for ck in list(orphans)[:10]:
         bad(f"index row {decode_key(ck)!r} points at page {index[ck][0]}, which does not hold it")
@@ -417,9 +442,17 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult,
     damage or an LSN gap that can hide only records at or below the
     checkpoint loses nothing, and recovery steps over it, so it is a note."""
     segments = list_segments(directory)
+    control, control_why = read_control(directory)
+    if control_why is not None:
+        r.bad(f"{control_why}; it says what the log must hold, so {_salvage_advice(directory)}")
     if not segments:
-        r.good("replay log: empty (cleanly closed)")
+        loss = missing_records(directory, control, segments, checkpoint, None)
+        if loss is not None:
+            r.bad(f"replay log: {loss.detail}; {_salvage_advice(directory)}")
+        else:
+            r.good("replay log: empty (cleanly closed)")
         return
+    spans: dict[str, tuple[int, int] | None] = {}
     # (pickle values are not loaded: that could run code)
     values = SafeCodec() if serializer in (None, "safe", "json") else None
     expect = None
@@ -430,6 +463,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult,
     for i, path in enumerate(segments):
         last = i == len(segments) - 1
         scan, size = scan_segment_file(path, checkpoint, None if last else segments[i + 1])
+        spans[path] = (scan.records[0][0], scan.records[-1][0]) if scan.records else None
         # records that follow damage stepped over: a gap before them is that damage's
         resumed = set(itertools.accumulate(count for _offset, count in scan.runs[:-1]))
         if after_damaged_end:
@@ -466,6 +500,12 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult,
         after_damaged_end = bool(scan.stepped_over) and scan.stepped_over[-1][1] is None
         damage = scan.damage
         refused = damage is not None and (not last or scan.intact_after)
+        if damage is not None and not refused and cut_from_mapped(control, path, size,
+                                                                  damage.detail):
+            refused = True
+            damage.detail += (f"; the segment is {size} bytes, but records were stored into a "
+                              "mapping of it, preallocated in steps of 4096 bytes, so a crash "
+                              "leaves it at a multiple of that: the file was cut shorter")
         if scan.stepped_over:
             # What the open does (ReplayLog.recover, then truncate_through at
             # the store's checkpoint): the segment stays only while it holds
@@ -489,7 +529,7 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult,
         if damage is None:
             if not scan.stepped_over:
                 r.good(f"{path}: {len(scan.records)} records, CRCs ok")
-        elif last and not scan.intact_after:
+        elif not refused:  # a torn tail: the last segment, nothing intact behind it
             whole = ""
             if damage.detail.startswith("CRC mismatch"):
                 # the bytes its length names are all there: a power loss
@@ -513,6 +553,13 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult,
                   f"damage covers records after checkpoint {checkpoint}, which the store "
                   f"does not hold, so {_salvage_advice(directory)}")
             expect = None  # the gap behind the damage is this damage, not another
+    if salvageable is None:
+        loss = missing_records(directory, control, segments, checkpoint,
+                               None if expect is None else expect - 1,
+                               position_problem(directory, segments, checkpoint, spans))
+        if loss is not None:
+            r.bad(f"{loss.path}: {loss.detail}; {_salvage_advice(directory)}")
+            salvageable = pending
     if salvageable is not None:
         r.note(f"replay log: the next open refuses the log (see the damage above); with "
                f"salvage_log=True it applies the {salvageable} records after checkpoint "

@@ -790,12 +790,19 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
                on_corruption=args.on_corruption) as cache:
         st = cache.stats()
         rebuilt = cache.store_rebuilds
+        lost = cache.salvage_lost
     moved = sorted(aside() - before)
     print(f"ok      replay log: {st.recovered_records} records after the store's checkpoint "
           "applied and stored")
     if st.torn_records:
         print(f"note    replay log: cut a torn tail ({st.torn_records} record"
               f"{'s' if st.torn_records != 1 else ''}) off the last segment, as every open does")
+    if lost is not None:
+        print(f"lost    replay log: {lost}")
+    if not st.salvaged_bytes and lost is not None:
+        print("result  SALVAGED: the cache opens normally now, with what the store and the "
+              "log that is left hold; the writes the missing segments recorded are lost")
+        return 0
     if not st.salvaged_bytes and rebuilt:
         print("result  REBUILT: the damaged store was moved aside (pages.sqlite3.corrupt-*, "
               "kept for inspection) and a new one made from the replay log; what only the "

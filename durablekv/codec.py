@@ -40,6 +40,7 @@ pickle can run arbitrary code.
 from __future__ import annotations
 
 import enum
+import numbers
 import pickle
 import struct
 from typing import Any, Callable, Iterable
@@ -124,6 +125,8 @@ def _enc(obj: Any, out: list, allow_containers: bool, what: str, depth: int = 0)
             # plain value is storable, and reads back as the plain type
             plain = "its .value" if isinstance(obj, enum.Enum) else f"{base.__name__}(x)"
             hint += f"; it is a subclass of {base.__name__}: pass the plain value, {plain}"
+        elif base is None:
+            hint += _scalar_hint(obj, t)
         # "store" only for values: a key of this type is refused by reads too
         doing = f"cannot store {what} of type" if allow_containers else f"unsupported {what} type"
         raise TypeError(
@@ -220,6 +223,19 @@ def check_key(key: Any, _depth: int = 0) -> None:
     if key is None or t is bool:
         return
     _enc(key, [], False, "key")  # raises the TypeError naming the type
+
+
+def _scalar_hint(obj: Any, t: type) -> str:
+    """How to pass a number-like object that is not a Python number (a NumPy
+    scalar such as ``np.int64``, a ``Decimal``) as a plain one, or ""."""
+    if t.__module__ == "numpy" and callable(getattr(obj, "item", None)):
+        return ("; it is a NumPy scalar: pass the plain Python value, x.item() "
+                "(or int(x), float(x), bool(x))")
+    if hasattr(t, "__index__"):
+        return "; it is an integer type: pass the plain value, int(x)"
+    if isinstance(obj, numbers.Number):
+        return "; it is a number type: pass float(x) (or str(x) to keep every digit)"
+    return ""
 
 
 def encode_key(key: Any) -> bytes:

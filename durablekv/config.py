@@ -14,7 +14,7 @@ import struct
 import tempfile
 import time
 from numbers import Number
-from typing import Any
+from typing import Any, Iterable
 
 from . import codec as _codec
 from ._perms import DIR_MODE
@@ -140,6 +140,14 @@ _NOT_IN_DURABLEKV: dict[str, str] = {
         "closed, run `durablekv check DIR` (or durablekv.check.check_directory(path)); it "
         "verifies the store, its key index and the replay log without changing them, and "
         "says what to do about any damage"),
+    "cull": (
+        "durablekv has no cull() (diskcache's): it culls on its own, the memory tier by "
+        "max_pages (or max_memory_bytes=) at every insert, the store by size_limit= at each "
+        "write-behind flush; cache.expire() removes expired entries now"),
+    "iterkeys": (
+        "durablekv has no iterkeys() (diskcache's, and Python 2 dict's): iterate the cache "
+        "itself (for key in cache) or use cache.keys()"),
+    "has_key": "durablekv has no has_key() (Python 2 dict's): use key in cache",
 }
 
 
@@ -291,6 +299,43 @@ def _check_timeout(timeout: Any) -> float:
     return timeout
 
 
+#: Options of other caches that durablekv spells differently (diskcache,
+#: cachetools), for the error an unknown keyword gets.
+_OTHER_NAMES = {"eviction_policy": "policy", "disk": "serializer", "maxsize": "max_pages",
+                "ttl": "expire= on each set", "directory": "the first argument"}
+
+
+def unknown_options(owner: str, unknown: dict[str, Any], known: Iterable[str]) -> TypeError:
+    """The ``TypeError`` for keyword arguments ``owner`` does not take: as
+    Python's own, plus the option meant (``pagesize`` -> ``page_size``,
+    diskcache's ``eviction_policy`` -> ``policy``)."""
+    import difflib
+    known = sorted(known)
+    squashed = {k.replace("_", ""): k for k in known}
+    parts = []
+    for name in unknown:
+        meant = _OTHER_NAMES.get(name) or squashed.get(name.replace("_", "").lower())
+        if meant is None:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            meant = close[0] if close else None
+        parts.append(f"{name!r}" + (f" (did you mean {meant}?)" if meant else ""))
+    return TypeError(f"{owner}() got unexpected keyword argument{'s' if len(parts) > 1 else ''} "
+                     f"{', '.join(parts)}; its options are {', '.join(known)}")
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+#: The fewest bytes a resident slot can take (a key, a value and the slot
+#: that holds them; measured costs are hundreds): a bound on max_pages.
+MIN_SLOT_BYTES = 64
+
+
 def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, durability,
                   max_value_bytes, on_corruption, max_pending_pages, busy_timeout,
                   segment_bytes, salvage_log, max_memory_bytes=None,
@@ -303,6 +348,16 @@ def _check_config(*, page_size, max_pages, flush_interval, flush_batch_pages, du
     if page_size is not None:
         need_int("page_size", page_size, 1, PAGE_SIZE_MAX)
     need_int("max_pages", max_pages, 1)
+    memory = _physical_memory()
+    slots = max_pages * (page_size or 1)
+    if memory and slots * MIN_SLOT_BYTES > memory and max_memory_bytes is None:
+        raise ConfigError(
+            f"max_pages={max_pages}" + (f" (page_size={page_size})" if page_size else "") +
+            f" lets the memory tier hold {'at least ' if not page_size else ''}{slots:,} "
+            f"entries; at {MIN_SLOT_BYTES} bytes each at the very least that is "
+            f"{slots * MIN_SLOT_BYTES / (1 << 30):,.0f} GiB, more than this machine's "
+            f"{memory / (1 << 30):,.1f} GiB of memory. Pass a max_pages it can hold (the "
+            "default is 4096), or bound the memory tier in bytes with max_memory_bytes=")
     for nm, v in (("max_memory_bytes", max_memory_bytes), ("size_limit", size_limit)):
         if v is not None and (type(v) is not int or v < 1):
             raise ConfigError(f"{nm} must be a positive integer number of bytes or None "

@@ -132,6 +132,13 @@ class Lifecycle:
             try:
                 if self._log is not None:
                     self._log.close(remove=clean)
+                    if not clean and self._store is not None and \
+                            self._store.checkpoint_lsn >= self._last_lsn and \
+                            hasattr(self._log, "forget_control"):
+                        # The store holds every record (a log deleted while
+                        # open, whose loss the write-behind made up for):
+                        # the next open must not look for them.
+                        self._log.forget_control()
             finally:
                 try:
                     if self._store is not None:

@@ -53,13 +53,13 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import stat
 import struct
 import zlib
 from operator import itemgetter
 from typing import Any, NamedTuple, Sequence
 
 from ._accel import native as _native
+from ._perms import read_private_file
 
 __all__ = ["LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC", "HEADER", "PAYLOAD",
            "POSITION_FILE", "Position", "encode_record", "list_segments", "read_position",
@@ -386,22 +386,9 @@ class Position(NamedTuple):
 def read_position(directory: str) -> tuple[Position | None, str | None]:
     """``(position, None)`` from ``replay.pos`` in ``directory``, or ``(None,
     why)`` when it is missing (``why`` None then), unreadable or damaged."""
-    path = os.path.join(directory, POSITION_FILE)
-    try:
-        # never follows a symbolic link, never blocks on a FIFO
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"cannot read it ({exc.strerror})"
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "it is not a regular file"
-        data = os.read(fd, POSITION_SIZE + 1)
-    except OSError as exc:
-        return None, f"cannot read it ({exc.strerror})"
-    finally:
-        os.close(fd)
+    data, why = read_private_file(os.path.join(directory, POSITION_FILE), POSITION_SIZE)
+    if data is None:
+        return None, why
     if len(data) != POSITION_SIZE:
         return None, f"it holds {len(data)} bytes, not {POSITION_SIZE}"
     body = data[:-4]

@@ -72,6 +72,8 @@ from typing import Sequence
 from ._accel import native as _native
 from ._perms import FILE_MODE, replace_private_file
 from .errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
+from .logcontrol import (CONTROL_FILE, LogControl, boot_id, cut_from_mapped, missing_records,
+                         position_problem, read_control, write_control)
 from .logsegments import (MAGIC, POSITION_FILE, PREALLOC_ALIGN, _HEADER_PACK, _LEN_LSN_PACK,
                           _NAN, _PAYLOAD_PACK, _crc32, _first_lsn_of, _record_offset,
                           join_records, list_segments, lsns_step_by_one, read_position,
@@ -166,6 +168,8 @@ class RecoveryResult:
     :ivar salvaged_bytes: bytes of the log salvage gave up on: from the
         damage (or the first record after an LSN gap) to the end of the log.
         Their records are lost; how many there were cannot be known.
+    :ivar lost: with ``salvage=True``: which records the control file says
+        the log should hold and it does not (deleted segments), or None.
     """
 
     records: Sequence[tuple]
@@ -174,6 +178,9 @@ class RecoveryResult:
     salvaged: list[str]
     salvaged_bytes: int = 0
     torn_unused_bytes: int = 0
+    #: what salvage found missing from the log and could not recover
+    #: (``salvage=True`` only; see :func:`~durablekv.logcontrol.missing_records`)
+    lost: str | None = None
 
 
 class ReplayLog:
@@ -237,6 +244,13 @@ class ReplayLog:
         self._sealed_bytes = 0
         self._dir_unsynced = False  # a segment was created since the last directory fsync
         self._gone: LogFileGoneError | None = None  # the active segment was found deleted
+        # (state, first LSN of the newest segment) last written to replay.control
+        self._control: tuple[str, int] | None = None
+        # The segment a control file found at recovery names (an earlier
+        # process's newest): kept by truncate_through until start() names
+        # this process's own, so that a crash in between never leaves a
+        # control file naming a segment this process deleted.
+        self._pinned: int | None = None
 
     # -- seams for fault injection ---------------------------------------------------
 
@@ -284,6 +298,15 @@ class ReplayLog:
             fsynced.
         """
         segments = list_segments(self.directory)
+        control, control_why = read_control(self.directory)
+        if control_why is not None and not salvage:
+            # written whole or not at all (renamed into place): not a crash's doing
+            raise LogCorruptionError(os.path.join(self.directory, CONTROL_FILE), 0,
+                                     f"{control_why}; it says what the log must hold, so the "
+                                     "log cannot be checked against it")
+        spans: dict[str, tuple[int, int] | None] = {}  # path -> first, last LSN parsed
+        self._pinned = control.newest if control is not None and control.state == "open" \
+            else None
         out: list[Sequence[tuple]] = []  # the records kept, a chunk per segment
         torn = torn_bytes = torn_unused = 0
         salvaged: list[str] = []
@@ -291,6 +314,7 @@ class ReplayLog:
         salvaged_bytes = 0
         self.skipped_damage = 0
         expect = None
+        resumed_lsn = 0
         synced = False
         position = self._position_for(segments)
         for i, path in enumerate(segments):
@@ -304,7 +328,9 @@ class ReplayLog:
             scan, size = scan_segment_file(path, after_lsn, None if last else segments[i + 1],
                                            position if i == 0 else None, compact=True)
             records, runs = scan.records, scan.runs
+            spans[path] = (records[0][0], records[-1][0]) if len(records) else None
             if scan.resumed is not None:
+                resumed_lsn = scan.resumed.lsn  # the log holds records up to it
                 self._saved_position = scan.resumed.lsn  # saves go on from there
                 log.info("replay log %s: parsed from offset %d, after LSN %d (the checkpoint "
                          "position in %s)", path, scan.resumed.end, scan.resumed.lsn,
@@ -327,7 +353,18 @@ class ReplayLog:
                 os.truncate(path, good_end)
                 size = good_end
                 cut = True  # fsynced below, with the records (one fsync, not two)
-            if damage is not None and last and not scan.intact_after:
+            if damage is not None and last and not scan.intact_after and \
+                    cut_from_mapped(control, path, size, damage.detail):
+                damage.detail += (f"; the segment is {size} bytes, but records were stored "
+                                  f"into a mapping of it ({CONTROL_FILE}), preallocated in "
+                                  f"steps of {PREALLOC_ALIGN} bytes, so a crash leaves it at "
+                                  "a multiple of that: the file was cut shorter, and the "
+                                  "records that followed are lost")
+                if not salvage:
+                    raise LogCorruptionError(path, damage.offset, damage.detail)
+                salvaged = segments[i:]
+                lost = (damage.offset, damage.detail)
+            elif damage is not None and last and not scan.intact_after:
                 # a torn tail (see scan_segment): a crash cut the last append short
                 torn += 1
                 torn_bytes += size - good_end
@@ -344,6 +381,11 @@ class ReplayLog:
                                 path, size - good_end, damage.offset, damage.detail)
                 if good_end == 0:
                     os.unlink(path)
+                    if self._pinned == _first_lsn_of(path):
+                        # (the control file's newest, cut whole as a torn tail:
+                        # this recovery found the log whole without it)
+                        self._remove_control()
+                        self._pinned = None
                 else:
                     os.truncate(path, good_end)
                     cut = True
@@ -412,11 +454,21 @@ class ReplayLog:
                 if cut or records and records[-1][0] > after_lsn and self.durability != "none":
                     self._sync_segment(path)
                     synced = True
+        gone = None
+        if not salvaged and control is not None and control.state == "open":
+            gone = missing_records(self.directory, control, segments, after_lsn,
+                                   max(resumed_lsn, (expect or 1) - 1),
+                                   position_problem(self.directory, segments, after_lsn, spans))
+            if gone is not None and not salvage:
+                raise LogCorruptionError(gone.path, gone.offset, gone.detail)
+            if gone is not None:
+                log.error("replay log %s: %s (salvage opens with what the store and the "
+                          "log hold)", gone.path, gone.detail)
         if synced or torn:
             _fsync_dir(self.directory)
         self._last_lsn = self._synced_lsn = max(after_lsn, (expect or 1) - 1)
         return RecoveryResult(join_records(out), torn, torn_bytes, salvaged, salvaged_bytes,
-                              torn_unused)
+                              torn_unused, None if gone is None else gone.detail)
 
     def _position_for(self, segments: list[str]) -> Position | None:
         """The saved checkpoint position when it names the first segment of
@@ -450,6 +502,14 @@ class ReplayLog:
             os.replace(path, aside)
             moved.append(aside)
         if moved:
+            # the position, and the control file, may name a segment moved
+            # aside: salvage gave up on it, and what is left is whole
+            for name in (POSITION_FILE, CONTROL_FILE):
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except FileNotFoundError:
+                    pass
+            self._pinned = None
             _fsync_dir(self.directory)
             log.warning("replay log: moved the segments salvage gave up on aside: %s",
                         ", ".join(f"{p} -> {os.path.basename(a)}"
@@ -486,6 +546,12 @@ class ReplayLog:
         """Open a new segment whose first record will have LSN ``next_lsn``."""
         with self._lock:
             self._open_segment(next_lsn, during_write=False)
+            try:
+                self._write_control("open", next_lsn)
+            except OSError as exc:
+                raise LogWriteError(os.path.join(self.directory, CONTROL_FILE), exc,
+                                    during_write=False) from exc
+            self._pinned = None  # the control file names this process's segment now
 
     def _open_segment(self, first_lsn: int, during_write: bool = True) -> None:
         """Create the segment for ``first_lsn`` and make it the active one.
@@ -541,6 +607,60 @@ class ReplayLog:
         self._mm, self._cap = mm, (mm.size() if mm is not None else 0)
         self._fd, self._path, self._size = fd, path, len(MAGIC)
         self._last_start = -1
+
+    def _write_control(self, state: str, newest: int) -> None:
+        """Write ``replay.control`` (see :mod:`durablekv.logcontrol`).
+
+        :raises OSError: it could not be written.
+        """
+        if self.durability == "none":
+            return
+        write_control(self.directory, LogControl(
+            state=state, newest=newest, append="mmap" if self._mm is not None else "write",
+            durability=self.durability, boot_id=boot_id(), pid=os.getpid()))
+        self._control = (state, newest)
+
+    def forget_control(self) -> None:
+        """Delete ``replay.control`` after :meth:`close` (without ``remove``),
+        when the store's checkpoint covers every record appended: the next
+        open then has nothing to look for in the segments that are left. A
+        failure is logged: the control file then makes the next open check
+        the log, which can only refuse what salvage opens. Only a log this
+        process started (:meth:`start`) has a control file to forget: a
+        recovery that failed leaves the one it found."""
+        if self._control is None:
+            return
+        try:
+            self._remove_control()
+        except OSError as exc:
+            log.warning("replay log: cannot remove %s in %s (%s)", CONTROL_FILE,
+                        self.directory, exc)
+
+    def _remove_control(self) -> None:
+        """Delete ``replay.control`` durably (then the directory is fsynced).
+
+        :raises OSError: it could not be deleted.
+        """
+        try:
+            os.unlink(os.path.join(self.directory, CONTROL_FILE))
+        except FileNotFoundError:
+            pass
+        else:
+            _fsync_dir(self.directory)
+        self._control = None
+
+    def _control_unmapped(self) -> None:
+        """The active segment left its mapping for write(2) appends: say so
+        in ``replay.control``, whose ``"mmap"`` would make a torn write(2)
+        tail read as a segment cut short. A failure is logged: it can only
+        make that check refuse a torn tail that salvage then cuts."""
+        if self._control is None or self._control[0] != "open":
+            return
+        try:
+            self._write_control("open", self._control[1])
+        except OSError as exc:
+            log.warning("replay log: cannot rewrite %s in %s (%s)", CONTROL_FILE,
+                        self.directory, exc)
 
     def segment_bytes_hint(self) -> int:
         """Bytes preallocated when a segment is created (a multiple of 4096);
@@ -649,6 +769,7 @@ class ReplayLog:
             if type(self)._write is _WRITE_SEAM:
                 return self._store(lsn, op, key, value, expire_at, False)
             self._leave_mapping()  # the write seam was replaced: write(2) from here on
+            self._control_unmapped()
         if _WRITE_RECORD is not None and type(self)._write is _WRITE_SEAM:
             # The C kernel builds the record and writes it (one write(2),
             # the GIL released as os.write releases it); the Python path
@@ -776,7 +897,24 @@ class ReplayLog:
             if gone:
                 self._gone = _segment_gone(old_path, gone)
                 raise self._gone
+            old = (self._fd, self._path, self._size, self._last_start)
             self._open_segment(next_lsn)
+            try:
+                # named before any record goes into it (see logcontrol)
+                self._write_control("open", next_lsn)
+            except OSError as exc:
+                # back to the old segment, unmapped: the next append rolls again
+                new_fd, new_path = self._fd, self._path
+                if self._mm is not None:
+                    self._mm.close()
+                self._mm, self._cap = None, 0
+                self._fd, self._path, self._size, self._last_start = old
+                os.close(new_fd)
+                try:
+                    os.unlink(new_path)
+                except OSError:
+                    pass
+                raise LogWriteError(os.path.join(self.directory, CONTROL_FILE), exc) from exc
             os.close(old_fd)
             self._sealed.append((old_path, self._last_lsn))
             self._sealed_bytes += os.path.getsize(old_path)
@@ -867,8 +1005,10 @@ class ReplayLog:
         pages again).
         """
         with self._lock:
-            doomed = [s for s in self._sealed if s[1] <= lsn]
-            self._sealed = [s for s in self._sealed if s[1] > lsn]
+            pinned = self._pinned
+            doomed = [s for s in self._sealed if s[1] <= lsn and
+                      (pinned is None or _first_lsn_of(s[0]) != pinned)]
+            self._sealed = [s for s in self._sealed if s not in doomed]
         kept = []
         for path, last in doomed:
             try:
@@ -903,7 +1043,10 @@ class ReplayLog:
         with self._lock:
             fd, path = self._fd, self._path
             try:
-                self._leave_mapping()
+                if self._mm is not None:
+                    self._leave_mapping()
+                    if not remove:
+                        self._control_unmapped()  # the segment now ends at its last record
             except LogWriteError as exc:
                 # the unused zero-filled end stays; the next open cuts it
                 log.warning("replay log %s: %s", path, exc)
@@ -913,6 +1056,15 @@ class ReplayLog:
         if fd is not None:
             os.close(fd)
         if remove:
+            # Every record is checkpointed: the next open must not look for
+            # them, so the control file goes first, durably (a crash before
+            # the segments go leaves records the store already holds, which
+            # is harmless; the other order could leave "open" and no log).
+            try:
+                self._remove_control()
+            except OSError as exc:
+                raise LogWriteError(os.path.join(self.directory, CONTROL_FILE), exc,
+                                    during_write=False) from exc
             for p, _ in self._sealed:
                 if os.path.exists(p):
                     os.unlink(p)

@@ -37,9 +37,10 @@ from collections.abc import ItemsView, KeysView, MutableMapping, ValuesView
 from typing import Any, Callable, Iterator
 
 from . import codec as _codec
-from .cache import Cache
+from .cache import _CACHE_OPTIONS, Cache
 from .config import (_cache_path, _expire_args_refused, _make_cache_dir, _make_temporary_dir,
-                     _not_in_durablekv, _stats_args_refused, _temporary_cache_path)
+                     _not_in_durablekv, _stats_args_refused, _temporary_cache_path,
+                     unknown_options)
 from .memoize import memoize as _memoize
 from .errors import ConfigError
 from .lifecycle import remove_tree
@@ -154,6 +155,9 @@ class ShardedCache(MutableMapping):
         self._temporary = directory is None
         if shards is not None and (type(shards) is not int or not 1 <= shards <= MAX_SHARDS):
             raise ConfigError(f"shards must be an int in [1, {MAX_SHARDS}], not {shards!r}")
+        unknown = {k: v for k, v in options.items() if k not in _CACHE_OPTIONS and k != "timeout"}
+        if unknown:  # before any directory is made
+            raise unknown_options("ShardedCache", unknown, (*_CACHE_OPTIONS, "shards"))
         if directory is None:
             # made in the try below whose cleanup removes it (as Cache's)
             directory = _temporary_cache_path()
@@ -221,6 +225,9 @@ class ShardedCache(MutableMapping):
     # as Cache's: an AttributeError that says what to use instead
     transact = _not_in_durablekv("transact")
     check = _not_in_durablekv("check")
+    cull = _not_in_durablekv("cull")
+    iterkeys = _not_in_durablekv("iterkeys")
+    has_key = _not_in_durablekv("has_key")
 
     @property
     def shards(self) -> tuple[Cache, ...]:

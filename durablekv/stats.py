@@ -8,6 +8,7 @@ it bumps integers in :class:`Counters` under its own lock, and the exporter
 from __future__ import annotations
 
 import bisect
+from typing import Iterator
 from dataclasses import dataclass
 
 __all__ = ["CacheStats", "Histogram", "HistogramSnapshot",
@@ -170,6 +171,11 @@ class CacheStats:
     salvaged_bytes: int = 0
     warmed_pages: int = 0
     residency_errors: int = 0
+
+    def __iter__(self) -> Iterator[int]:
+        """``hits, misses = cache.stats()``, as diskcache's ``stats()`` returns
+        that pair; every other field by name (``stats().page_faults``)."""
+        return iter((self.hits, self.misses))
 
     @property
     def hit_ratio(self) -> float:

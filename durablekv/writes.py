@@ -17,7 +17,7 @@ from .config import (MAX_KEY_BYTES, MAX_VALUE_BYTES_LIMIT, _FAILED, _MISSING, _O
                      _REAL_MONOTONIC, _U32_PACK, _key_too_long)
 from .errors import LogWriteError, WriteBehindError
 from .keyfilter import KeyFilter
-from .logsegments import OP_SET
+from .logsegments import OP_DELETE, OP_SET
 
 
 class WritePath:
@@ -124,9 +124,37 @@ class WritePath:
         """Log a set and apply it (lock held); return its LSN. ``ref``: the
         key's live page-table entry or None (see :meth:`_apply_set`)."""
         lsn = self._append(OP_SET, kb, vb, expire_at)
-        self._apply_set(key, held, expire_at, ref, lsn, nbytes)
+        try:
+            self._apply_set(key, held, expire_at, ref, lsn, nbytes)
+        except BaseException as exc:
+            self._failed_after_log(lsn, exc)
+            raise
         self._sets += 1
         return lsn
+
+    def _logged_delete(self, key: Any, kb: bytes, count: bool = True) -> int:
+        """Log a delete of the live ``key`` and apply it (lock held); return
+        its LSN. ``count``: a delete in stats (not a set with ``expire=0``)."""
+        lsn = self._append(OP_DELETE, kb, b"", None)
+        try:
+            self._apply_delete(key, lsn)
+        except BaseException as exc:
+            self._failed_after_log(lsn, exc)
+            raise
+        self._deletes += count
+        return lsn
+
+    def _failed_after_log(self, lsn: int, exc: BaseException) -> None:
+        """A write whose record ``lsn`` is in the log failed before memory took
+        it all (lock held): a MemoryError, or an exception from a signal
+        handler. Memory and the log now disagree about that key, and a
+        reopen applies the record: fail-stop (every later call raises
+        CacheFailedError, close() keeps the log), as PostgreSQL PANICs on an
+        error inside a WAL critical section. The LSN is never logged again."""
+        self._last_lsn = max(self._last_lsn, lsn)
+        if self._state is _OPEN:
+            self._failure = exc
+            self._state = _FAILED
 
     def _value_too_big(self, key: Any, size: int) -> ValueError:
         fix = ("store it elsewhere (max_value_bytes is at its largest, "

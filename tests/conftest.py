@@ -257,3 +257,28 @@ def pg_ns(request) -> str:
 
 
 _NS_COUNTER = [0]
+
+
+def simulate_restart(directory) -> None:
+    """Make ``directory``'s replay log look as if the machine restarted since it
+    was written (``replay.control`` gets another boot id): what a test that
+    fakes a power loss's damage must do, since after a mere crash the log's
+    checks know that nothing the OS held can be missing."""
+    from durablekv.logcontrol import read_control, write_control
+    control, why = read_control(str(directory))
+    assert why is None, why
+    if control is not None:  # (none: a clean close, or everything was checkpointed)
+        write_control(str(directory), control._replace(boot_id="boot-before-the-power-loss"))
+
+
+def as_write_appended(directory) -> None:
+    """Make ``directory``'s replay log look as if its records went through
+    write(2), not a mapping: for a test that cuts a mapped segment back to
+    its last record by hand, so that a cut tail then reads as a torn write
+    (on a mapped segment, a file shorter than its preallocated size is a cut,
+    which recovery refuses)."""
+    from durablekv.logcontrol import read_control, write_control
+    control, why = read_control(str(directory))
+    assert why is None, why
+    if control is not None:
+        write_control(str(directory), control._replace(append="write"))

@@ -343,3 +343,71 @@ def test_the_diskcache_page_lists_each_habit_with_the_durablekv_way():
                   "transact()", "check()", "FanoutCache", "expire(key, seconds)",
                   "stats(enable=True)", "memoize(name)", "timeout=", "cache.directory", "~"):
         assert any(habit in h for h in habits), habit
+
+
+def test_stats_unpacks_as_diskcache_hits_and_misses(tmp_path):
+    with opened(tmp_path / "c") as cache:
+        cache.get("a")
+        cache["a"] = 1
+        cache.get("a")
+        cache.get("a")
+        hits, misses = cache.stats()  # diskcache: cache.stats() -> (hits, misses)
+        assert (hits, misses) == (2, 1)
+        assert cache.stats().page_faults == 0  # every other field by name
+
+
+@pytest.mark.parametrize("typo, meant", [("pagesize", "page_size"), ("max_page", "max_pages"),
+                                         ("eviction_policy", "policy"),
+                                         ("flushinterval", "flush_interval")])
+def test_a_misspelled_option_names_the_option_meant(tmp_path, typo, meant):
+    for make in (Cache, ShardedCache):
+        with pytest.raises(TypeError) as info:
+            make(tmp_path / "c", **{typo: 4})
+        msg = str(info.value)
+        assert f"unexpected keyword argument {typo!r} (did you mean {meant}?)" in msg
+        assert "page_size" in msg and "size_limit" in msg  # the options there are
+    assert not (tmp_path / "c").exists()  # refused before anything is made
+
+
+def test_an_unknown_option_lists_the_options(tmp_path):
+    with pytest.raises(TypeError) as info:
+        Cache(tmp_path / "c", frobnicate=True)
+    assert "'frobnicate'; its options are busy_timeout, clock," in str(info.value)
+
+
+def test_a_max_pages_beyond_memory_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        Cache(tmp_path / "c", max_pages=10**12)
+    msg = str(info.value)
+    assert "max_pages=1000000000000" in msg and "GiB of memory" in msg
+    assert "max_memory_bytes=" in msg
+    assert not (tmp_path / "c").exists()
+    # bounded in bytes, a large max_pages only means "no bound in pages"
+    with opened(tmp_path / "c", max_pages=10**12, max_memory_bytes=1 << 20) as cache:
+        cache["a"] = 1
+
+
+@pytest.mark.parametrize("name, says", [("cull", "size_limit="), ("iterkeys", "cache.keys()"),
+                                        ("has_key", "key in cache")])
+def test_methods_of_diskcache_point_to_the_durablekv_equivalent(tmp_path, name, says):
+    with opened(tmp_path / "c") as cache:
+        with pytest.raises(AttributeError) as info:
+            getattr(cache, name)()
+        assert says in str(info.value) and f"no {name}()" in str(info.value)
+        assert not hasattr(cache, name)  # hasattr() and getattr(x, n, None) still work
+    with ShardedCache(tmp_path / "s", shards=2) as sharded:
+        with pytest.raises(AttributeError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            getattr(sharded, name)()
+
+
+def test_a_numpy_key_or_value_names_the_conversion(tmp_path):
+    np = pytest.importorskip("numpy")
+    with opened(tmp_path / "c") as cache:
+        with pytest.raises(TypeError) as info:
+            cache[np.int64(3)] = 1
+        assert "NumPy scalar" in str(info.value) and "int(x)" in str(info.value)
+        with pytest.raises(TypeError) as info:
+            cache["a"] = np.float32(1.5)
+        assert "x.item()" in str(info.value)
+        cache[int(np.int64(3))] = 1
+        assert cache[3] == 1

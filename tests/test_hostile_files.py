@@ -11,8 +11,9 @@ import sqlite3
 
 import pytest
 
-from durablekv import CacheLockedError, Cache, CorruptStoreError
+from durablekv import CacheLockedError, Cache, ConfigError, CorruptStoreError
 from durablekv.check import check_directory
+from durablekv.cli import main
 
 from .conftest import owner_process
 
@@ -242,6 +243,48 @@ def test_a_meta_value_out_of_bounds_is_corrupt_store_error_naming_it(tmp_path, n
         Cache(d)
     res = check_directory(str(d))
     assert res.damaged and any(f"meta {name}=" in line for line in res.lines), res.lines
+
+
+@pytest.mark.parametrize("name", ["page_size", "checkpoint_lsn", "key_count"])
+def test_a_deleted_meta_row_is_reported_by_open_and_check_alike(tmp_path, name):
+    """A meta row deleted by hand: the open refuses the store naming the row
+    (never a UNIQUE constraint error from re-creating it), and check reports
+    the same words as DAMAGE (never a KeyError traceback)."""
+    d = tmp_path / "c"
+    _filled(d, 20)
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("DELETE FROM meta WHERE name = ?", (name,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptStoreError, match=f"meta {name}") as info:
+        Cache(d)
+    words = str(info.value).split("(", 1)[1][:40]  # the problem, as the open names it
+    res = check_directory(str(d))
+    assert res.damaged and any(words in line for line in res.lines), (words, res.lines)
+    assert main(["check", str(d)]) == 1
+
+
+def test_a_serializer_changed_in_meta_is_damage_to_check(tmp_path):
+    """meta serializer changed from 'safe' to 'pickle': the open refuses it as
+    it refuses any other serializer (naming the one to pass), and check finds
+    that the values are not pickles, without loading any."""
+    d = tmp_path / "c"
+    _filled(d, 20)
+    conn = sqlite3.connect(d / STORE)
+    conn.execute("UPDATE meta SET value = 'pickle' WHERE name = 'serializer'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(ConfigError, match="open it with serializer='pickle'"):
+        Cache(d)
+    res = check_directory(str(d))
+    text = "\n".join(res.lines)
+    assert res.damaged and "40 values are not a pickle" in text, text  # 20 str + 20 int keys
+    assert "open it with serializer='pickle'" in text
+    # a store really written with pickle checks healthy, with the same note
+    with Cache(tmp_path / "p", serializer="pickle") as c:
+        c["a"] = {1, 2}
+    res = check_directory(str(tmp_path / "p"))
+    assert res.ok and any("open it with serializer='pickle'" in line for line in res.lines)
 
 
 def test_page_ids_out_of_range_are_corrupt_store_error(tmp_path):

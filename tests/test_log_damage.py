@@ -18,6 +18,7 @@ from durablekv import Cache, CorruptStoreError, LogCorruptionError
 from durablekv.check import check_directory
 from durablekv.cli import main
 from durablekv.logsegments import HEADER, MAGIC, list_segments, read_segment
+from .conftest import simulate_restart
 
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
 
@@ -303,6 +304,7 @@ def test_a_last_segment_of_nothing_but_garbage_is_a_torn_tail(tmp_path, caplog):
     segs = list_segments(str(d))
     last = segs[-1]
     Path(last).write_bytes(bytes((i * 37 + 11) % 251 for i in range(800)))
+    simulate_restart(d)  # (on the same boot, a segment of garbage is damage)
     with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
         with Cache(d, **NEVER) as cache:
             assert cache.stats().torn_records == 1

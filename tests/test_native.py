@@ -157,6 +157,7 @@ def _damaged_log(tmp_path: Path, writer: str) -> Path:
     # preallocated end: cut it, so the file ends at its last record
     data = seg.read_bytes()
     seg.write_bytes(data[:logsegments.scan_segment(data, 0, None, 1).good_end])
+    as_write_appended(tmp_path / "c")  # (a write(2) log's shape: a cut there is a torn tail)
     return seg
 
 
@@ -415,7 +416,7 @@ def test_encode_columns_refusals_match():
 
 # -- recovery: the same memory tier with the kernels and without ----------------------------
 
-from .conftest import Clock, tier_layout  # noqa: E402
+from .conftest import Clock, as_write_appended, tier_layout  # noqa: E402
 from .test_recovery import OPS, crash, run_ops  # noqa: E402
 
 

@@ -84,6 +84,12 @@ class PageImage:
 _ID_MAX = (1 << 62) - 1
 
 
+#: What a store whose meta has no page_size is (every store records it at creation).
+MISSING_PAGE_SIZE = ("meta page_size is missing, which every durablekv store records when it "
+                     "is created (this one has pages or a serializer): the meta table was "
+                     "changed")
+
+
 def meta_problems(meta: dict[str, Any], max_page_id: Any, min_page_id: Any,
                   store_bytes: int) -> list[str]:
     """What is wrong with settings and counters read from a store's ``meta``
@@ -102,6 +108,8 @@ def meta_problems(meta: dict[str, Any], max_page_id: Any, min_page_id: Any,
 
     if "page_size" in meta:
         need_int("page_size", meta["page_size"], 1, PAGE_SIZE_MAX)
+    elif max_page_id is not None or "serializer" in meta:
+        out.append(MISSING_PAGE_SIZE)
     if "serializer" in meta and type(meta["serializer"]) is not str:
         out.append(f"meta serializer={meta['serializer']!r} is not a codec name")
     need_int("checkpoint_lsn", meta.get("checkpoint_lsn"), 0, _ID_MAX)

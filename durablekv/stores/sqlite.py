@@ -45,7 +45,7 @@ from typing import Any, Container, Iterator, Sequence
 
 from .._perms import FILE_MODE
 from ..errors import ConfigError, CorruptStoreError, HeldKeyError, SchemaVersionError, StoreError
-from .base import PageImage, meta_problems
+from .base import MISSING_PAGE_SIZE, PageImage, meta_problems
 from .pageformat import page_crc
 from .sqlitefile import (STORE_FILE, _check_header, _fsync_parent, _nonempty,
                          _norm_codec, _remove_orphans, _statements, _translate, mark_damaged,
@@ -272,6 +272,9 @@ class SQLitePageStore:
         stored = dict(conn.execute(
             "SELECT name, value FROM meta WHERE name IN ('page_size', 'serializer')"))
         if "page_size" not in stored:
+            if "serializer" in stored or \
+                    conn.execute("SELECT 1 FROM pages LIMIT 1").fetchone() is not None:
+                raise CorruptStoreError(self.path, MISSING_PAGE_SIZE)
             self.page_size = 16 if page_size is None else page_size
             conn.execute("INSERT INTO meta (name, value) VALUES ('page_size', ?), ('serializer', ?)",
                          (self.page_size, serializer))
