@@ -45,13 +45,26 @@ def check_store_args(store: Any, namespace: Any, durability: str) -> None:
                               "namespace=..., or use durability='fsync' for a local cache")
         return
     if not is_postgres_url(store):
-        shown = store.split("@", 1)[-1] if isinstance(store, str) else store
+        shown = _redacted(store) if isinstance(store, str) else store
         raise ConfigError(f"store must be None (SQLite in the cache directory) or a "
                           f"'postgresql://' URL, got {shown!r}; e.g. "
                           "store='postgresql://user@db.example:5432/cache'")
     if not isinstance(namespace, str) or not namespace:
         raise ConfigError(f"a PostgreSQL store needs namespace= (a non-empty str naming this "
                           f"cache in the database), got {namespace!r}")
+
+
+def _redacted(url: str) -> str:
+    """``url`` as it may be shown in a message: whole, but for a password
+    (``user:secret@host`` becomes ``user:***@host``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    return f"{scheme}{sep}{userinfo}{at}{host}{slash}{path}"
 
 
 def open_store(store: str, namespace: str, directory: str, *, durability: str,

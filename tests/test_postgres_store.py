@@ -346,3 +346,54 @@ def test_a_page_changed_in_the_database_fails_its_checksum(pg, pg_ns, tmp_path):
         with pytest.raises(CorruptStoreError, match="page 1 fails its checksum"):
             [c[i] for i in range(8)]
         assert any("page 1: fails its checksum" in p for p in c._store.integrity_check())
+
+
+def _doc_sql(section: str) -> list[str]:
+    """The statements of the ```sql blocks under ``section`` in docs/postgres.md."""
+    import re
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "postgres.md").read_text()
+    part = doc.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sql\n(.*?)```", part, re.S)
+    return [stmt.strip() for block in blocks for stmt in block.split(";") if stmt.strip()]
+
+
+def test_a_role_without_create_on_public_gets_the_grants_to_run(pg, tmp_path):
+    """PostgreSQL 15+: a role that does not own the database may not create
+    tables in public. The error names the grant, and the SQL of
+    docs/postgres.md ("Setting up the database") then makes the open work."""
+    create_role, create_db, grant_db, grant_schema = _doc_sql("Setting up the database")
+    assert create_role.startswith("CREATE ROLE app") and grant_schema.startswith("GRANT USAGE")
+    admin = psycopg.connect(pg.url(), autocommit=True)
+    try:
+        admin.execute(create_role)
+        admin.execute("CREATE DATABASE cache")  # owned by postgres, not app
+        admin.execute(grant_db)
+    finally:
+        admin.close()
+    url = f"postgresql://app:secret@127.0.0.1:{pg.port}/cache"
+    version = psycopg.connect(pg.url(), autocommit=True).execute("SHOW server_version_num")
+    if int(version.fetchone()[0]) >= 150000:
+        with pytest.raises(StoreError) as info:
+            Cache(tmp_path / "c", store=url, namespace="n")
+        msg = str(info.value)
+        assert "permission denied for schema public" in msg, msg
+        assert "GRANT USAGE, CREATE ON SCHEMA public TO app" in msg and "secret" not in msg
+    admin = psycopg.connect(pg.url("cache"), autocommit=True)
+    try:
+        admin.execute(grant_schema)
+    finally:
+        admin.close()
+    with Cache(tmp_path / "c", store=url, namespace="n") as cache:
+        cache["a"] = 1
+    with Cache(tmp_path / "c", store=url, namespace="n") as cache:
+        assert cache["a"] == 1
+
+
+def test_a_database_that_does_not_exist_names_how_to_create_it(pg, tmp_path):
+    url = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{pg.port}/nosuchdb"
+    with pytest.raises(StoreError) as info:
+        Cache(tmp_path / "c", store=url, namespace="n")
+    msg = str(info.value)
+    assert 'database "nosuchdb" does not exist' in msg and "CREATE DATABASE" in msg
+    assert PASSWORD not in msg

@@ -209,6 +209,7 @@ class PostgresPageStore:
         self.conninfo = conninfo
         self.namespace = namespace
         self.where = describe_conninfo(conninfo)
+        self._user = _conninfo.conninfo_to_dict(conninfo).get("user")  # (for messages)
         #: what messages name the store by (no password)
         self.path = f"{self.where} namespace {namespace!r}"
         self._durability = durability
@@ -265,7 +266,15 @@ class PostgresPageStore:
     def _error(self, what: str, exc: BaseException) -> StoreError:
         msg = _scrub(str(exc).strip(), self.conninfo)
         hint = ""
-        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            user = self._user or "the role"
+            hint = (f"; {user} may not create or use durablekv's tables: as a superuser, "
+                    f"connected to the database, run GRANT USAGE, CREATE ON SCHEMA public TO "
+                    f"{user}; (PostgreSQL 15 and later grant CREATE on public only to the "
+                    "database's owner: CREATE DATABASE ... OWNER "
+                    f"{user} avoids it), or GRANT SELECT, INSERT, UPDATE, DELETE on tables "
+                    "another role created; see docs/postgres.md, \"Setting up the database\"")
+        elif isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
             hint = ("; the server is a read-only standby: list the primary in the "
                     "connection string, or several hosts with target_session_attrs=read-write")
         elif isinstance(exc, psycopg.OperationalError):
@@ -283,11 +292,16 @@ class PostgresPageStore:
             raise ConfigError(f"the PostgreSQL connection string for {self.path} is not "
                               f"valid ({_scrub(str(exc), self.conninfo)})") from None
         except psycopg.Error as exc:
+            text = _scrub(str(exc).strip(), self.conninfo)
+            fix = ("check that the server runs and that the host, port, user, password and "
+                   "database are right")
+            if "does not exist" in text:
+                fix = ("durablekv creates its tables but not the role or the database: as a "
+                       "superuser, CREATE ROLE name LOGIN PASSWORD '...'; CREATE DATABASE name "
+                       "OWNER role; (see docs/postgres.md, \"Setting up the database\")")
             raise StoreError(f"cannot connect to PostgreSQL at {self.where} (namespace "
-                             f"{self.namespace!r}): {_scrub(str(exc).strip(), self.conninfo)}; "
-                             "unable to open a connection: check that "
-                             "the server runs and that the host, port, user, password and "
-                             "database are right", self.path) from None
+                             f"{self.namespace!r}): {text}; unable to open a connection: {fix}",
+                             self.path) from None
         try:
             if self._durability == "none":
                 conn.execute("SET synchronous_commit = off")
