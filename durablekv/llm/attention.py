@@ -13,8 +13,12 @@ t % block_size]``. Grouped-query attention: ``num_heads`` is a multiple of
 ``num_kv_heads``, and query head ``h`` reads KV head ``h // (num_heads //
 num_kv_heads)``.
 
-Entries of a block table past ``ceil(seq_lens[i] / block_size)`` are padding:
-they are never read and may hold anything (vLLM pads with 0; -1 is fine too).
+Entries of a block table past ``ceil(seq_lens[i] / block_size)`` are padding,
+and slots of the last block past ``seq_lens[i]`` are masked: neither reaches
+the result, whatever they hold (vLLM pads with 0; -1 is fine too). They are
+selected out (``np.where``), never multiplied by a zero weight, so a NaN or
+inf left in a free block or in another sequence's block cannot turn a row
+into NaN (``0 * nan`` is nan).
 """
 
 from __future__ import annotations
@@ -136,11 +140,14 @@ def paged_attention(query: np.ndarray, key_cache: np.ndarray, value_cache: np.nd
     ctype = np.result_type(query.dtype, key_cache.dtype, np.float32)
     group = num_heads // num_kv_heads
     scale = head_dim ** -0.5 if scale is None else float(scale)
-    k = _gather(key_cache, table).astype(ctype, copy=False)       # [S, T, KV, D]
-    v = _gather(value_cache, table).astype(ctype, copy=False)
+    mask = np.arange(capacity)[None, :] >= seq_lens[:, None]      # [S, T]
+    # padding and masked slots are selected out before any arithmetic
+    # (a weight of 0 times a NaN there would still be NaN)
+    hidden = mask[:, :, None, None]
+    k = np.where(hidden, 0, _gather(key_cache, table)).astype(ctype, copy=False)  # [S, T, KV, D]
+    v = np.where(hidden, 0, _gather(value_cache, table)).astype(ctype, copy=False)
     q = query.astype(ctype, copy=False).reshape(num_seqs, num_kv_heads, group, head_dim)
     scores = np.einsum("skgd,stkd->skgt", q, k) * scale           # [S, KV, G, T]
-    mask = np.arange(capacity)[None, :] >= seq_lens[:, None]      # [S, T]
     scores = _masked_softmax(scores, mask[:, None, None, :])
     out = np.einsum("skgt,stkd->skgd", scores, v)
     return out.reshape(num_seqs, num_heads, head_dim).astype(query.dtype, copy=False)

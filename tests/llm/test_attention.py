@@ -191,3 +191,32 @@ def test_prefill_bad_input():
         paged_prefill_attention(q, kc, vc, tables[0], 7)
     with pytest.raises(ValueError, match="start_pos must be an int >= 0"):
         paged_prefill_attention(q, kc, vc, tables[0], -1)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+def test_padding_and_masked_slots_never_reach_the_result(poison):
+    """Block 0 (where padding entries point) and the masked tail of each last
+    block hold NaN/inf: the outputs equal attention over the clean tokens, for
+    every sequence of the batch (no cross-sequence contamination)."""
+    rng = np.random.default_rng(7)
+    block_size, kv, d = 4, 2, 8
+    lens = [5, 9, 3]
+    q, kc, vc, tables, seq_lens = random_case(rng, num_seqs=3, num_heads=4, num_kv_heads=kv,
+                                              head_dim=d, block_size=block_size,
+                                              seq_lens=lens)
+    clean_k, clean_v = kc.copy(), vc.copy()
+    used = {int(b) for row in tables for b in row if b >= 0}
+    free = next(b for b in range(kc.shape[0]) if b not in used)
+    # the padding entries point at a block no sequence uses, poisoned whole
+    tables = np.where(tables < 0, free, tables)
+    for cache in (kc, vc):
+        cache[free] = poison
+        for row, n in zip(tables, lens):  # the masked tail of each last block
+            last = int(row[(n - 1) // block_size])
+            cache[last, n % block_size or block_size:] = poison
+    out = paged_attention(q, kc, vc, tables, seq_lens)
+    assert np.isfinite(out).all()
+    for i, n in enumerate(lens):
+        ref = dense_reference(q[i], gathered(clean_k, tables[i], n),
+                              gathered(clean_v, tables[i], n))
+        np.testing.assert_allclose(out[i], ref, rtol=1e-10, atol=1e-10)
