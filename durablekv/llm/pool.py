@@ -53,7 +53,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .hashing import NO_PARENT, encode_extra, hash_block
-from .kvstore import KVBlockCorruptError, KVBlockStore
+from .kvstore import KVBlockStore
 
 __all__ = ["BlockPool", "PoolStats", "PrefixMatch"]
 
@@ -72,6 +72,7 @@ class PoolStats:
     spilled_blocks: int = 0         # blocks written to the durable tier
     cow_copies: int = 0
     preemptions: int = 0            # counted by the scheduler (note_preemption)
+    layout_misses: int = 0          # stored blocks of another shape or dtype (kept, not used)
 
     @property
     def usage(self) -> float:
@@ -150,6 +151,7 @@ class BlockPool:
         self.prefix_index: dict[bytes, int] = {}
         self.block_tables: dict[Hashable, list[int]] = {}
         self._seq_hashes: dict[Hashable, list[bytes]] = {}
+        self._seq_extra: dict[Hashable, bytes] = {}  # a sequence's hash extra bytes
         self._stats = PoolStats(num_blocks=self.num_blocks)
 
     # -- views -------------------------------------------------------------
@@ -220,15 +222,20 @@ class BlockPool:
         self.ref_count[block] += 1
 
     def _load_durable(self, h: bytes) -> int | None:
-        """Copy the stored block ``h`` into a fresh block; None on a miss."""
+        """Copy the stored block ``h`` into a fresh block; None on a miss.
+
+        A stored block of another layout (shape or dtype: another model, or
+        another pool shape, whose blocks hash alike because they share an
+        ``extra``) is a miss, counted in ``layout_misses``; it is neither
+        deleted nor overwritten (:meth:`_spill` writes only absent hashes),
+        so the pool it belongs to keeps it. Only bytes that do not decode
+        are damage (:meth:`KVBlockStore.get`)."""
         assert self.store is not None
         kv = self.store.get(h)
         if kv is None:
             return None
         if kv.shape != self.block_shape or kv.dtype != self.dtype:
-            self.store.drop_corrupt(KVBlockCorruptError(
-                h, f"shape {kv.shape} {kv.dtype} does not fit this pool's blocks "
-                   f"{self.block_shape} {self.dtype}"))
+            self._stats.layout_misses += 1
             return None
         block = self._take_block()
         self.kv[:, :, block] = kv
@@ -236,9 +243,23 @@ class BlockPool:
         self.prefix_index[h] = block
         return block
 
-    def add_sequence(self, seq_id: Hashable, token_ids: Sequence[int]) -> PrefixMatch:
+    def _request_extra(self, extra: Any) -> bytes:
+        """The hash ``extra`` bytes of a request: the pool's, or ``(pool extra,
+        request extra)`` when the request has its own (see :meth:`add_sequence`)."""
+        return self._extra_bytes if extra is None else encode_extra((self.extra, extra))
+
+    def add_sequence(self, seq_id: Hashable, token_ids: Sequence[int],
+                     extra: Any = None) -> PrefixMatch:
         """Start a block table for ``seq_id`` holding the longest cached prefix
         of ``token_ids`` (memory first, then the durable tier).
+
+        ``extra``: the request's own hash key (a LoRA adapter id, the hashes
+        of its images, a cache salt: vLLM's extra keys), the same types as
+        the pool's ``extra``. It is folded into EVERY block's hash, as
+        ``block_hashes(token_ids, block_size, (pool.extra, extra))`` gives
+        them, so requests with different extras share no block, and equal
+        ones share as usual (vLLM folds a cache salt into the first block
+        only; with chained hashes both separate every block).
 
         At most ``len(token_ids) - 1`` tokens are taken from the cache, so the
         last prompt token is always computed (its logits give the next
@@ -251,6 +272,7 @@ class BlockPool:
         """
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id!r} already has a block table; free() it first")
+        extra_bytes = self._request_extra(extra)
         table: list[int] = []
         hashes: list[bytes] = []
         memory = durable = 0
@@ -259,7 +281,7 @@ class BlockPool:
             bs = self.block_size
             parent = NO_PARENT
             for i in range((len(token_ids) - 1) // bs):
-                h = hash_block(parent, token_ids[i * bs:(i + 1) * bs], bs, self._extra_bytes)
+                h = hash_block(parent, token_ids[i * bs:(i + 1) * bs], bs, extra_bytes)
                 block = self.prefix_index.get(h)
                 if block is not None:
                     self._hold(block)
@@ -276,6 +298,7 @@ class BlockPool:
             self._stats.prefix_hits_durable_tokens += durable
         self.block_tables[seq_id] = table
         self._seq_hashes[seq_id] = hashes
+        self._seq_extra[seq_id] = extra_bytes
         return PrefixMatch(len(table) * self.block_size, memory, durable)
 
     def can_allocate(self, seq_id: Hashable, num_tokens: int) -> bool:
@@ -334,7 +357,8 @@ class BlockPool:
         bs = self.block_size
         for i in range(len(hashes), min(num_computed // bs, len(table))):
             parent = hashes[-1] if hashes else NO_PARENT
-            h = hash_block(parent, token_ids[i * bs:(i + 1) * bs], bs, self._extra_bytes)
+            h = hash_block(parent, token_ids[i * bs:(i + 1) * bs], bs,
+                           self._seq_extra.get(seq_id, self._extra_bytes))
             hashes.append(h)
             block = table[i]
             if h not in self.prefix_index and self.block_hash[block] is None:
@@ -351,12 +375,14 @@ class BlockPool:
             self._hold(block)
         self.block_tables[child_id] = table
         self._seq_hashes[child_id] = list(self._seq_hashes[parent_id])
+        self._seq_extra[child_id] = self._seq_extra.get(parent_id, self._extra_bytes)
 
     def free(self, seq_id: Hashable) -> None:
         """Release a sequence's blocks (finished or preempted), tail first, so
         its tail is evicted before its head. Unknown ids are ignored."""
         table = self.block_tables.pop(seq_id, None)
         self._seq_hashes.pop(seq_id, None)
+        self._seq_extra.pop(seq_id, None)
         for block in reversed(table or ()):
             self._release(block)
 

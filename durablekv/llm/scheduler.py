@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import Any, Hashable
 
 from ..errors import ConfigError
 from .pool import BlockPool
@@ -39,12 +39,15 @@ class Request:
     :ivar prompt_token_ids: the prompt (at least one token).
     :ivar max_new_tokens: tokens to generate (>= 1; no stop token: exactly this many).
     :ivar arrival_time: seconds on the engine's clock when it arrived (for TTFT).
+    :ivar extra: the request's own block-hash key (a LoRA id, image hashes, a
+        cache salt), or None (see :meth:`BlockPool.add_sequence`).
     """
 
     request_id: Hashable
     prompt_token_ids: list[int]
     max_new_tokens: int
     arrival_time: float = 0.0
+    extra: Any = None
 
 
 class SeqStatus(enum.Enum):
@@ -189,7 +192,7 @@ class ContinuousScheduler:
             seq = self.waiting[0]
             if not self._fits(seq, admitted):
                 break
-            match = self.pool.add_sequence(seq.seq_id, seq.token_ids)
+            match = self.pool.add_sequence(seq.seq_id, seq.token_ids, seq.request.extra)
             n = min(len(seq.token_ids) - match.num_cached_tokens, budget)
             if not self.pool.allocate_slots(seq.seq_id, match.num_cached_tokens, max(n, 0)):
                 self.pool.free(seq.seq_id)

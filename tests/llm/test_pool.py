@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -210,10 +212,50 @@ def test_damaged_or_misfit_spilled_block_is_recomputed(tmp_path):
         assert m.durable_tokens == BS                     # stops before the damaged block
         fresh.free("b")
         cache.set(h[1], raw)
-        with pytest.warns(KVBlockCorruptWarning, match="does not fit this pool"):
-            m = make_pool(num_blocks=4, store=store).add_sequence("c", tokens)
+        other = make_pool(num_blocks=4, store=store)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a block of another layout is no damage
+            m = other.add_sequence("c", tokens)
         assert m.durable_tokens == 2 * BS
-        assert h[2] not in cache
+        assert other.stats().layout_misses == 1
+        assert h[2] in cache                 # kept for the pool whose layout it has
+
+
+def test_pools_of_two_layouts_with_one_extra_keep_each_others_blocks(tmp_path):
+    """Two pools share a store and an extra but not a layout (head_dim 3 and
+    4): each one's blocks are misses for the other, never deleted, never
+    overwritten, and each finds its own again after a restart."""
+    tokens = list(range(500, 513))
+    with Cache(tmp_path / "kv") as cache:
+        store = KVBlockStore(cache)
+        a = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=3, store=store, extra="m")
+        b = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=4, store=store, extra="m")
+        run_and_evict(a, tokens)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert b.add_sequence("x", tokens).durable_tokens == 0
+        assert b.stats().layout_misses == 1
+        b.free("x")
+        run_and_evict(b, tokens)     # b computes its own and spills nothing over a's
+        a2 = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=3, store=store, extra="m")
+        assert a2.add_sequence("y", tokens).durable_tokens == 3 * BS
+        assert store.corrupt == 0
+
+
+def test_a_request_extra_separates_every_block(tmp_path):
+    """Per-request extra keys (a LoRA id, a cache salt) are folded into every
+    block's hash, as block_hashes(tokens, bs, (pool.extra, extra)) gives them."""
+    tokens = list(range(600, 613))
+    pool = make_pool(num_blocks=12)
+    pool.add_sequence("a", tokens)
+    fill(pool, "a", tokens)
+    assert pool.add_sequence("same", tokens).memory_tokens == 3 * BS
+    assert pool.add_sequence("lora", tokens, extra="lora-7").num_cached_tokens == 0
+    fill(pool, "lora", tokens)
+    assert pool.add_sequence("lora2", tokens, extra="lora-7").memory_tokens == 3 * BS
+    want = block_hashes(tokens, BS, (pool.extra, "lora-7"))
+    assert [h for h in want if h in pool.cached_blocks()] == want
+    assert not set(want) & set(block_hashes(tokens, BS, pool.extra))
 
 
 def test_bad_configuration():
