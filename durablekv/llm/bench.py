@@ -184,9 +184,9 @@ def run_workload(w: Workload, cfg: BenchConfig, *, scheduler: str = "continuous"
     digest = hashlib.sha256()
     for _, s in sorted(seqs, key=lambda cs: cs[1].request.request_id):
         digest.update(np.asarray(s.output_token_ids, dtype=np.int64).tobytes())
-    st = pool.stats()
     if prefix == "durable":
         pool.spill_cached()          # graceful shutdown: the durable tier keeps every block
+    st = pool.stats()
     return {
         "tokens_per_s": out_tokens / wall,
         "ttft_p50_s": _pct(ttft, 0.5), "ttft_p99_s": _pct(ttft, 0.99),
@@ -198,7 +198,8 @@ def run_workload(w: Workload, cfg: BenchConfig, *, scheduler: str = "continuous"
         "tokens_computed": model.tokens_computed, "steps": engine.num_steps,
         "mean_batch_size": float(np.mean(engine.batch_sizes)) if engine.batch_sizes else 0.0,
         "preemptions": st.preemptions, "evictions": st.evictions,
-        "spilled_blocks": st.spilled_blocks,
+        "spilled_blocks": st.spilled_blocks, "written_blocks": st.written_blocks,
+        "write_drops": st.write_drops,
         "kv_usage_mean": float(np.mean(usage)) if usage else 0.0,
         "kv_usage_max": float(np.max(usage)) if usage else 0.0,
         "wall_s": wall, "outputs_sha256": digest.hexdigest(),

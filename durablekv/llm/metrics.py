@@ -11,7 +11,7 @@ Names follow vLLM's where one exists (``vllm:gpu_cache_usage_perc``,
 ``durablekv_prefix_cache_hits_total{tier}`` counter prompt tokens found: ``tier="memory"|"durable"``
 ``durablekv_num_preemptions_total``        counter  sequences preempted (recompute)
 ``durablekv_kv_evictions_total``           counter  cached blocks evicted from memory
-``durablekv_kv_spilled_blocks_total``      counter  blocks written to the durable tier
+``durablekv_kv_spilled_blocks_total``      counter  blocks written to the durable tier (as they filled, or on eviction)
 =========================================  =======  ==============================================
 
 Every family has a ``cache`` label: the name given to :meth:`KVPoolCollector.add`,
@@ -100,5 +100,5 @@ class KVPoolCollector:
             hits.add_metric([name, "durable"], s.prefix_hits_durable_tokens)
             preempt.add_metric([name], s.preemptions)
             evict.add_metric([name], s.evictions)
-            spill.add_metric([name], s.spilled_blocks)
+            spill.add_metric([name], s.spilled_blocks + s.written_blocks)
         yield from (usage, blocks, queries, hits, preempt, evict, spill)

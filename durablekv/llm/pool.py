@@ -25,14 +25,25 @@ when its ref count dropped to 0; a finished sequence's blocks enter the LRU
 list tail first, so among them the tail (the least shared, longest suffix)
 is evicted before the head (the shared system prompt).
 
-Durable tier. With a :class:`~durablekv.llm.kvstore.KVBlockStore`, an evicted
-cached block is spilled there (key = its hash) instead of being lost, and a
-prefix match that runs out of memory hits goes on in the store: each hit is
-copied into a fresh block and put into the prefix index again. The store is
-a durablekv Cache, so spilled blocks survive a restart or a kill -9.
+Durable tier. With a :class:`~durablekv.llm.kvstore.KVBlockStore`, each full
+block is written there (key = its hash) as soon as its KV is complete
+(:meth:`BlockPool.commit`), as LMCache and SGLang's HiCache store blocks as
+they are computed: a prefix's head is in the store before a crash can take
+it, where writing on eviction only left the heads in memory (eviction frees a
+finished sequence's tail first). ``write_through="async"`` (the default)
+hands a copy of the block to a writer thread through a bounded queue of
+``write_queue_blocks`` blocks, off the decode step's critical path; when the
+store falls that far behind, new blocks are dropped and counted
+(``stats().write_drops``) instead of stalling decode, and are written on
+eviction if still cached. ``"sync"`` writes in :meth:`commit`;
+``"evict"`` writes on eviction only. Bound at a kill -9: the next process
+recomputes only each sequence's partial last block plus the full blocks
+still in the queue (at most ``write_queue_blocks``) or dropped;
+:meth:`BlockPool.flush_writes` waits until the queue is written.
+A prefix match that runs out of memory hits goes on in the store: each hit
+is copied into a fresh block and put into the prefix index again.
 :meth:`BlockPool.spill_cached` writes the cached blocks still in memory too
-(call it before a graceful shutdown; a killed process keeps only what was
-spilled before it died).
+(for a graceful shutdown).
 
 Copy-on-write: :meth:`BlockPool.fork` shares every block of a sequence,
 including a partial last block; the first write into a shared partial block
@@ -45,6 +56,7 @@ Not thread-safe: one engine thread owns a pool. The invariants (ref counts
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
@@ -69,10 +81,13 @@ class PoolStats:
     prefix_hits_memory_tokens: int = 0
     prefix_hits_durable_tokens: int = 0
     evictions: int = 0              # cached blocks evicted from memory
-    spilled_blocks: int = 0         # blocks written to the durable tier
+    spilled_blocks: int = 0         # blocks written to the durable tier on eviction or spill_cached
     cow_copies: int = 0
     preemptions: int = 0            # counted by the scheduler (note_preemption)
     layout_misses: int = 0          # stored blocks of another shape or dtype (kept, not used)
+    written_blocks: int = 0         # full blocks written to the durable tier as they filled
+    write_drops: int = 0            # full blocks not queued: the writer was write_queue_blocks behind
+    write_queue: int = 0            # now: full blocks waiting for the writer
 
     @property
     def usage(self) -> float:
@@ -112,14 +127,21 @@ class BlockPool:
         give the model's identity, so a store shared by two models never
         mixes their blocks.
     :param kv: an existing array to use as the pool (shape and dtype must match).
-    :raises ConfigError: a size < 1 or a non-float dtype.
+    :param write_through: when full blocks reach ``store``: ``"async"`` (default:
+        as they fill, by a writer thread, through a bounded queue),
+        ``"sync"`` (as they fill, in :meth:`commit`) or ``"evict"`` (on
+        eviction only). See the module docstring for the bound at a crash.
+    :param write_queue_blocks: the async writer's queue bound, in blocks (int >= 1;
+        each queued block is a copy of ``block_shape``).
+    :raises ConfigError: a size < 1, a non-float dtype, an unknown ``write_through``.
     :raises ValueError: ``kv`` has the wrong shape or dtype.
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, num_layers: int,
                  num_kv_heads: int, head_dim: int, dtype: Any = np.float32,
                  enable_prefix_caching: bool = True, store: KVBlockStore | None = None,
-                 extra: Any = None, kv: np.ndarray | None = None) -> None:
+                 extra: Any = None, kv: np.ndarray | None = None,
+                 write_through: str = "async", write_queue_blocks: int = 256) -> None:
         self.num_blocks = _positive("num_blocks", num_blocks)
         self.block_size = _positive("block_size", block_size)
         self.num_layers = _positive("num_layers", num_layers)
@@ -153,6 +175,17 @@ class BlockPool:
         self._seq_hashes: dict[Hashable, list[bytes]] = {}
         self._seq_extra: dict[Hashable, bytes] = {}  # a sequence's hash extra bytes
         self._stats = PoolStats(num_blocks=self.num_blocks)
+        if write_through not in ("async", "sync", "evict"):
+            raise ConfigError(f"write_through must be 'async', 'sync' or 'evict', not "
+                              f"{write_through!r}")
+        self.write_through = write_through
+        self.write_queue_blocks = _positive("write_queue_blocks", write_queue_blocks)
+        # the async writer: (hash, block copy) in, written by _writer_loop
+        self._queue: deque[tuple[bytes, np.ndarray]] = deque()
+        self._queued: set[bytes] = set()   # hashes queued or being written
+        self._cond = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._writer_error: BaseException | None = None
 
     # -- views -------------------------------------------------------------
     def key_cache(self, layer: int) -> np.ndarray:
@@ -203,9 +236,75 @@ class BlockPool:
         self._stats.evictions += 1
 
     def _spill(self, h: bytes, block: int) -> None:
-        if self.store is not None and h not in self.store:
+        if self.store is not None and h not in self._queued and h not in self.store:
             self.store.put(h, self.kv[:, :, block])
             self._stats.spilled_blocks += 1
+
+    # -- writing full blocks as they fill --------------------------------------
+    def _write_full(self, h: bytes, block: int) -> None:
+        """A full block's KV is complete: write it (``"sync"``) or queue a copy
+        for the writer thread (``"async"``), dropping it when the queue is full."""
+        if self.write_through == "sync":
+            if h not in self.store:
+                self.store.put(h, self.kv[:, :, block])
+                self._stats.written_blocks += 1
+            return
+        with self._cond:
+            if self._writer_error is not None:
+                raise RuntimeError("the KV block writer thread failed; durable writes stopped"
+                                   ) from self._writer_error
+            if h in self._queued:
+                return
+            if len(self._queue) >= self.write_queue_blocks:
+                self._stats.write_drops += 1
+                return
+            self._queue.append((h, self.kv[:, :, block].copy()))
+            self._queued.add(h)
+            self._stats.write_queue = len(self._queue)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._writer_loop, daemon=True,
+                                                name="durablekv-kv-writer")
+                self._writer.start()
+            self._cond.notify()
+
+    def _writer_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                h, kv = self._queue[0]
+            try:
+                if h not in self.store:
+                    self.store.put(h, kv)
+            except BaseException as exc:  # noqa: BLE001 - reported to the engine thread
+                with self._cond:
+                    self._writer_error = exc
+                    self._queue.clear()
+                    self._queued.clear()
+                    self._stats.write_queue = 0
+                    self._writer = None
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._queue.popleft()
+                self._queued.discard(h)
+                self._stats.written_blocks += 1
+                self._stats.write_queue = len(self._queue)
+                self._cond.notify_all()
+
+    def flush_writes(self, timeout: float | None = None) -> bool:
+        """Wait until every queued full block is written (``"async"``); True
+        when the queue is empty, False on ``timeout`` (seconds).
+
+        :raises RuntimeError: the writer thread failed (its error chained).
+        """
+        with self._cond:
+            done = self._cond.wait_for(lambda: not self._queue or self._writer_error is not None,
+                                       timeout)
+            if self._writer_error is not None:
+                raise RuntimeError("the KV block writer thread failed; durable writes "
+                                   "stopped") from self._writer_error
+            return done
 
     def _release(self, block: int) -> None:
         self.ref_count[block] -= 1
@@ -364,6 +463,8 @@ class BlockPool:
             if h not in self.prefix_index and self.block_hash[block] is None:
                 self.block_hash[block] = h
                 self.prefix_index[h] = block
+                if self.store is not None and self.write_through != "evict":
+                    self._write_full(h, block)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Give ``child_id`` the same blocks as ``parent_id`` (ref counts + 1),
@@ -388,9 +489,13 @@ class BlockPool:
 
     def spill_cached(self) -> int:
         """Write every cached block still in memory to the durable tier (for a
-        graceful shutdown). Returns how many were written; 0 without a store."""
+        graceful shutdown): waits for the writer's queue, then writes what it
+        did not (blocks dropped from a full queue, or every cached block with
+        ``write_through="evict"``). Returns how many this call wrote; 0
+        without a store."""
         if self.store is None:
             return 0
+        self.flush_writes()
         before = self._stats.spilled_blocks
         for h, block in list(self.prefix_index.items()):
             self._spill(h, block)

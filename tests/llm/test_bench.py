@@ -39,7 +39,8 @@ def test_quick_bench_report(tmp_path):
     assert r["prefix_off"]["prefix_hit_rate"] == 0.0
     assert r["prefix_memory"]["prefix_hit_rate_memory"] > 0
     assert r["prefix_memory"]["prefix_hit_rate_durable"] == 0.0
-    assert r["prefix_durable"]["spilled_blocks"] > 0
+    assert r["prefix_durable"]["written_blocks"] > 0           # as they filled
+    assert r["prefix_durable"]["write_drops"] == 0
     # a fresh pool: what it finds beyond its own blocks came from the durable tier
     assert r["prefix_after_restart"]["prefix_hit_rate_durable"] > 0
     assert r["prefix_after_restart"]["prefix_hit_rate"] > r["prefix_memory"]["prefix_hit_rate"]

@@ -163,7 +163,7 @@ def test_evicted_blocks_spill_and_come_back_from_the_store(tmp_path):
     tokens = list(range(300, 313))                        # 3 full blocks + 1
     with Cache(tmp_path / "kv") as cache:
         store = KVBlockStore(cache)
-        pool = make_pool(num_blocks=4, store=store)
+        pool = make_pool(num_blocks=4, store=store, write_through="evict")
         run_and_evict(pool, tokens)
         assert pool.cached_blocks() == {} or all(
             h not in pool.cached_blocks() for h in block_hashes(tokens, BS, pool.extra))
@@ -179,7 +179,7 @@ def test_durable_blocks_after_restart_are_bit_exact(tmp_path):
     tokens = list(range(300, 313))
     rng = np.random.default_rng(5)
     with Cache(tmp_path / "kv") as cache:
-        pool = make_pool(num_blocks=4, store=KVBlockStore(cache))
+        pool = make_pool(num_blocks=4, store=KVBlockStore(cache), write_through="evict")
         pool.add_sequence("a", tokens)
         assert pool.allocate_slots("a", 0, 13)
         pool.kv[...] = rng.standard_normal(pool.kv.shape)
@@ -200,7 +200,7 @@ def test_damaged_or_misfit_spilled_block_is_recomputed(tmp_path):
     tokens = list(range(300, 313))
     with Cache(tmp_path / "kv") as cache:
         store = KVBlockStore(cache)
-        pool = make_pool(num_blocks=4, store=store)
+        pool = make_pool(num_blocks=4, store=store, write_through="evict")
         run_and_evict(pool, tokens)
         h = block_hashes(tokens, BS, pool.extra)
         raw = cache.get(h[1])
@@ -228,8 +228,10 @@ def test_pools_of_two_layouts_with_one_extra_keep_each_others_blocks(tmp_path):
     tokens = list(range(500, 513))
     with Cache(tmp_path / "kv") as cache:
         store = KVBlockStore(cache)
-        a = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=3, store=store, extra="m")
-        b = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=4, store=store, extra="m")
+        a = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=3, store=store, extra="m",
+                      write_through="sync")
+        b = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=4, store=store, extra="m",
+                      write_through="sync")
         run_and_evict(a, tokens)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -237,7 +239,8 @@ def test_pools_of_two_layouts_with_one_extra_keep_each_others_blocks(tmp_path):
         assert b.stats().layout_misses == 1
         b.free("x")
         run_and_evict(b, tokens)     # b computes its own and spills nothing over a's
-        a2 = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=3, store=store, extra="m")
+        a2 = BlockPool(4, BS, num_layers=2, num_kv_heads=1, head_dim=3, store=store, extra="m",
+                       write_through="sync")
         assert a2.add_sequence("y", tokens).durable_tokens == 3 * BS
         assert store.corrupt == 0
 
@@ -268,3 +271,51 @@ def test_bad_configuration():
     with pytest.raises(ValueError, match="KV array must have shape"):
         BlockPool(4, 2, num_layers=1, num_kv_heads=1, head_dim=2, kv=np.zeros((1, 2, 4, 2, 1, 3),
                                                                                np.float32))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_full_blocks_are_written_as_they_fill(tmp_path, mode):
+    """Write-through: each full block reaches the store when its KV is
+    complete, with nothing evicted; the partial last block never does."""
+    tokens = list(range(700, 713))                        # 3 full blocks + 1
+    with Cache(tmp_path / "kv") as cache:
+        store = KVBlockStore(cache)
+        pool = make_pool(num_blocks=8, store=store, write_through=mode)
+        pool.add_sequence("a", tokens)
+        fill(pool, "a", tokens)                           # commits the 3 full blocks
+        assert pool.flush_writes(timeout=30)
+        hashes = block_hashes(tokens, BS, pool.extra)
+        assert store.match_prefix(hashes) == 3 and len(hashes) == 3
+        s = pool.stats()
+        assert s.written_blocks == 3 and s.spilled_blocks == 0 and s.evictions == 0
+        assert s.write_queue == 0 and s.write_drops == 0
+        assert pool.spill_cached() == 0                   # nothing left to write
+
+
+def test_a_full_write_queue_drops_and_counts_instead_of_stalling(tmp_path):
+    """The async writer is held up (a store whose put waits on an event): the
+    engine thread queues write_queue_blocks blocks, drops the rest and counts
+    them, and never waits; an eviction writes a dropped block after all."""
+    import threading
+    gate = threading.Event()
+
+    class Slow(KVBlockStore):
+        def put(self, block_hash, kv_array):
+            assert gate.wait(30)
+            super().put(block_hash, kv_array)
+
+    tokens = list(range(800, 825))                        # 6 full blocks + 1
+    with Cache(tmp_path / "kv") as cache:
+        store = Slow(cache)
+        pool = make_pool(num_blocks=8, store=store, write_queue_blocks=2)
+        pool.add_sequence("a", tokens)
+        fill(pool, "a", tokens)                           # returns with the writer stuck
+        s = pool.stats()
+        assert s.write_drops == 4 and s.write_queue == 2 and s.written_blocks == 0
+        gate.set()
+        assert pool.flush_writes(timeout=30)
+        hashes = block_hashes(tokens, BS, pool.extra)
+        assert store.match_prefix(hashes) == 2            # the two queued ones
+        pool.free("a")
+        assert pool.spill_cached() == 4                   # the dropped ones, at shutdown
+        assert store.match_prefix(hashes) == 6
