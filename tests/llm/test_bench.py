@@ -78,3 +78,23 @@ def test_readme_numbers_are_the_committed_run():
     assert f'{r["prefix_durable"]["prefix_hit_rate"]:.0%} with the durable tier' in text
     assert f'{r["prefix_after_restart"]["prefix_hit_rate"]:.0%} after a restart' in text
     assert r["outputs_identical"] is True and r["quick"] is False
+
+
+def test_the_large_block_bench_runs_and_reports_both_sides(monkeypatch, tmp_path):
+    """bench/llm_blocks.py on small blocks: rows for each size and mode, with
+    durablekv and the file-per-block floor side by side."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    try:
+        from bench import llm_blocks
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(llm_blocks, "CASES", ((64 << 10, 4), (256 << 10, 2)))
+    rows = llm_blocks.run(2, ("log", "fsync"), str(tmp_path))
+    assert [(r["block_bytes"], r["durability"]) for r in rows] == [
+        (64 << 10, "log"), (64 << 10, "fsync"), (256 << 10, "log"), (256 << 10, "fsync")]
+    for r in rows:
+        assert r["durablekv_put_mb_s"]["median"] > 0 and r["file_put_mb_s"]["median"] > 0
+        assert r["put_ratio"]["n"] == 2 and r["file_disk_bytes"] == r["block_bytes"] * r["blocks"]
+    assert "| 64 KiB x 4 | log |" in llm_blocks.markdown(rows, 2)

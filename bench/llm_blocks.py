@@ -1,0 +1,185 @@
+"""Large KV blocks: KVBlockStore put/get of 2 and 8 MiB blocks beside one file per block.
+
+A Llama-3-8B-sized KV page (all layers, K and V, 16 tokens, bf16) is several
+MiB. This writes the same blocks (random float32 bytes) through
+
+* ``durablekv``: ``KVBlockStore(Cache(dir, durability=...)).put`` of each
+  block, then ``cache.flush()`` (every byte goes to the replay log, then to
+  SQLite), and reads them back after a reopen (``get``: page faults);
+* ``file``: one file per block (``open``/``write``/``close``; with
+  ``durability="fsync"`` also an ``fsync`` per file and one of the
+  directory), read back with ``open``/``read`` (the physical floor here: the
+  page cache and the disk, no format, no index);
+
+alternating, round by round (the machine is shared: ratios from one run),
+and reports MB/s median (min..max) and the put ratio durablekv / file.
+
+    python -m bench.llm_blocks [--rounds 5] [--json OUT] [--markdown OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from durablekv import Cache
+from durablekv.llm.hashing import block_hashes
+from durablekv.llm.kvstore import KVBlockStore
+
+from .util import summarize
+
+MIB = 1 << 20
+#: (block bytes, blocks per round): 64 MiB a round either way
+CASES = ((2 * MIB, 32), (8 * MIB, 8))
+
+
+def _blocks(size: int, count: int, seed: int) -> list[tuple[bytes, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    hashes = block_hashes(list(range(count * 16)), 16, f"bench-{size}")
+    return [(h, rng.standard_normal(size // 4).astype(np.float32)) for h in hashes]
+
+
+def _durablekv(root: Path, blocks: list, durability: str) -> tuple[float, float, int]:
+    d = root / "kv"
+    t0 = time.perf_counter()
+    with Cache(d, durability=durability, max_value_bytes=64 * MIB, warm=False) as cache:
+        store = KVBlockStore(cache)
+        for h, kv in blocks:
+            store.put(h, kv)
+        cache.flush()
+        put = time.perf_counter() - t0
+    size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+    with Cache(d, durability=durability, max_value_bytes=64 * MIB, warm=False) as cache:
+        store = KVBlockStore(cache)
+        t0 = time.perf_counter()
+        for h, kv in blocks:
+            got = store.get(h)
+            assert got is not None and got.nbytes == kv.nbytes
+        get = time.perf_counter() - t0
+    shutil.rmtree(d)
+    return put, get, size
+
+
+def _files(root: Path, blocks: list, durability: str) -> tuple[float, float, int]:
+    d = root / "files"
+    d.mkdir()
+    t0 = time.perf_counter()
+    for h, kv in blocks:
+        fd = os.open(d / h.hex(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(kv.tobytes())
+            while view:
+                view = view[os.write(fd, view):]
+            if durability == "fsync":
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    if durability == "fsync":
+        dfd = os.open(d, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+    put = time.perf_counter() - t0
+    size = sum(f.stat().st_size for f in d.iterdir())
+    t0 = time.perf_counter()
+    for h, kv in blocks:
+        with open(d / h.hex(), "rb") as f:
+            got = np.frombuffer(f.read(), dtype=np.float32)
+        assert got.nbytes == kv.nbytes
+    get = time.perf_counter() - t0
+    shutil.rmtree(d)
+    return put, get, size
+
+
+def run(rounds: int, durabilities: tuple[str, ...] = ("log", "fsync"),
+        tmpdir: str | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for size, count in CASES:
+        blocks = _blocks(size, count, size)
+        total = size * count
+        for durability in durabilities:
+            samples: dict[str, dict[str, list[float]]] = {
+                impl: {"put": [], "get": [], "ratio": []} for impl in ("durablekv", "file")}
+            disk: dict[str, int] = {}
+            for r in range(rounds):
+                order = ("durablekv", "file") if r % 2 == 0 else ("file", "durablekv")
+                got = {}
+                for impl in order:
+                    root = Path(tempfile.mkdtemp(prefix="llm-blocks-", dir=tmpdir))
+                    try:
+                        fn = _durablekv if impl == "durablekv" else _files
+                        got[impl] = fn(root, blocks, durability)
+                    finally:
+                        shutil.rmtree(root, ignore_errors=True)
+                for impl, (put, get, nbytes) in got.items():
+                    samples[impl]["put"].append(total / MIB / put)
+                    samples[impl]["get"].append(total / MIB / get)
+                    disk[impl] = nbytes
+                samples["durablekv"]["ratio"].append(got["file"][0] / got["durablekv"][0])
+                print(f"[llm_blocks] {_size(size)} x {count} {durability} round {r + 1}: "
+                      f"durablekv put {samples['durablekv']['put'][-1]:.0f} MB/s, file put "
+                      f"{samples['file']['put'][-1]:.0f} MB/s", file=sys.stderr, flush=True)
+            rows.append({
+                "block_bytes": size, "blocks": count, "durability": durability,
+                "durablekv_put_mb_s": summarize(samples["durablekv"]["put"]),
+                "durablekv_get_mb_s": summarize(samples["durablekv"]["get"]),
+                "file_put_mb_s": summarize(samples["file"]["put"]),
+                "file_get_mb_s": summarize(samples["file"]["get"]),
+                "put_ratio": summarize(samples["durablekv"]["ratio"]),
+                "durablekv_disk_bytes": disk["durablekv"], "file_disk_bytes": disk["file"],
+            })
+    return rows
+
+
+def _size(n: int) -> str:
+    return f"{n // MIB} MiB" if n % MIB == 0 else f"{n >> 10} KiB"
+
+
+def _fmt(s: dict[str, Any], digits: int = 0) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
+
+
+def markdown(rows: list[dict[str, Any]], rounds: int) -> str:
+    out = [f"`python -m bench.llm_blocks --rounds {rounds}`: MB/s, median (min..max) of "
+           f"{rounds} alternating rounds; put includes the flush to SQLite (durablekv) or "
+           "the fsyncs (file, `fsync` rows); get is after a reopen.", "",
+           "| block | durability | durablekv put | file put | put ratio (goal >= 0.5) | "
+           "durablekv get | file get | bytes on disk (durablekv / file) |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(
+            f"| {_size(r['block_bytes'])} x {r['blocks']} | {r['durability']} | "
+            f"{_fmt(r['durablekv_put_mb_s'])} | {_fmt(r['file_put_mb_s'])} | "
+            f"{_fmt(r['put_ratio'], 2)} | {_fmt(r['durablekv_get_mb_s'])} | "
+            f"{_fmt(r['file_get_mb_s'])} | "
+            f"{r['durablekv_disk_bytes'] / r['file_disk_bytes']:.2f}x |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--durability", action="append", choices=("log", "fsync"))
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--tmpdir")
+    args = ap.parse_args()
+    rows = run(args.rounds, tuple(args.durability or ("log", "fsync")), args.tmpdir)
+    text = markdown(rows, args.rounds)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps({"rounds": args.rounds, "rows": rows}, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
