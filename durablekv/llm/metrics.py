@@ -100,5 +100,5 @@ class KVPoolCollector:
             hits.add_metric([name, "durable"], s.prefix_hits_durable_tokens)
             preempt.add_metric([name], s.preemptions)
             evict.add_metric([name], s.evictions)
-            spill.add_metric([name], s.spilled_blocks + s.written_blocks)
+            spill.add_metric([name], s.spilled_blocks + getattr(s, "written_blocks", 0))
         yield from (usage, blocks, queries, hits, preempt, evict, spill)

@@ -267,11 +267,17 @@ class BlockPool:
                 self._writer.start()
             self._cond.notify()
 
+    #: Seconds the writer thread waits for more blocks before it exits (a
+    #: burst of blocks starts it again): a pool left idle holds no thread.
+    writer_idle_seconds = 1.0
+
     def _writer_loop(self) -> None:
         while True:
             with self._cond:
                 while not self._queue:
-                    self._cond.wait()
+                    if not self._cond.wait(self.writer_idle_seconds) and not self._queue:
+                        self._writer = None
+                        return
                 h, kv = self._queue[0]
             try:
                 if h not in self.store:
