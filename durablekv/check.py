@@ -500,12 +500,11 @@ def _check_log(directory: str, checkpoint: int, r: CheckResult,
         after_damaged_end = bool(scan.stepped_over) and scan.stepped_over[-1][1] is None
         damage = scan.damage
         refused = damage is not None and (not last or scan.intact_after)
-        if damage is not None and not refused and cut_from_mapped(control, path, size,
-                                                                  damage.detail):
+        cut_by_hand = None if damage is None or refused else \
+            cut_from_mapped(control, path, size, damage.detail)
+        if cut_by_hand is not None:
             refused = True
-            damage.detail += (f"; the segment is {size} bytes, but records were stored into a "
-                              "mapping of it, preallocated in steps of 4096 bytes, so a crash "
-                              "leaves it at a multiple of that: the file was cut shorter")
+            damage.detail += "; " + cut_by_hand
         if scan.stepped_over:
             # What the open does (ReplayLog.recover, then truncate_through at
             # the store's checkpoint): the segment stays only while it holds

@@ -237,13 +237,19 @@ def missing_records(directory: str, control: LogControl | None, segments: Sequen
     return None
 
 
-def cut_from_mapped(control: LogControl | None, path: str, size: int, detail: str) -> bool:
-    """Whether damage at the end of the last segment ``path`` (``size``
-    bytes; ``detail`` the parser's words for it) is a cut, not a crash's
-    torn write: the control file says records were stored into a mapping of
-    this segment (preallocated in :data:`~durablekv.logsegments.PREALLOC_ALIGN`
-    steps, so a crash leaves it at a multiple of that), yet the file ends
-    off a step boundary, inside a record."""
-    return (control is not None and control.state == "open" and control.append == "mmap"
+def cut_from_mapped(control: LogControl | None, path: str, size: int, detail: str) -> str | None:
+    """Why damage at the end of the last segment ``path`` (``size`` bytes;
+    ``detail`` the parser's words for it) is a cut, not a crash's torn write,
+    or None when it may be torn: the control file says records were stored
+    into a mapping of this segment (preallocated in
+    :data:`~durablekv.logsegments.PREALLOC_ALIGN` steps, so a crash leaves
+    it at a multiple of that), yet the file ends off a step boundary, inside
+    a record. Recovery and ``durablekv check`` add the words to the damage."""
+    if (control is not None and control.state == "open" and control.append == "mmap"
             and _first_lsn_of(path) == control.newest and size % PREALLOC_ALIGN != 0
-            and "cut short" in detail)
+            and "cut short" in detail):
+        return (f"the segment is {size} bytes, but records were stored into a mapping of it "
+                f"({CONTROL_FILE}), preallocated in steps of {PREALLOC_ALIGN} bytes, so a "
+                "crash leaves it at a multiple of that: the file was cut shorter, and the "
+                "records that followed are lost")
+    return None

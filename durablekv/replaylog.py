@@ -353,13 +353,10 @@ class ReplayLog:
                 os.truncate(path, good_end)
                 size = good_end
                 cut = True  # fsynced below, with the records (one fsync, not two)
-            if damage is not None and last and not scan.intact_after and \
-                    cut_from_mapped(control, path, size, damage.detail):
-                damage.detail += (f"; the segment is {size} bytes, but records were stored "
-                                  f"into a mapping of it ({CONTROL_FILE}), preallocated in "
-                                  f"steps of {PREALLOC_ALIGN} bytes, so a crash leaves it at "
-                                  "a multiple of that: the file was cut shorter, and the "
-                                  "records that followed are lost")
+            cut_by_hand = None if damage is None or not last or scan.intact_after else \
+                cut_from_mapped(control, path, size, damage.detail)
+            if cut_by_hand is not None:
+                damage.detail += "; " + cut_by_hand
                 if not salvage:
                     raise LogCorruptionError(path, damage.offset, damage.detail)
                 salvaged = segments[i:]

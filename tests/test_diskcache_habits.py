@@ -401,7 +401,8 @@ def test_methods_of_diskcache_point_to_the_durablekv_equivalent(tmp_path, name, 
 
 
 def test_a_numpy_key_or_value_names_the_conversion(tmp_path):
-    np = pytest.importorskip("numpy")
+    np = pytest.importorskip("numpy", reason="numpy comes with the llm extra (in .[test]); "
+                             "the test passes NumPy scalars")
     with opened(tmp_path / "c") as cache:
         with pytest.raises(TypeError) as info:
             cache[np.int64(3)] = 1

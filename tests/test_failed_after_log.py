@@ -17,8 +17,7 @@ import contextlib
 import pytest
 
 import durablekv
-from durablekv import Cache, CacheFailedError
-from durablekv import _accel
+from durablekv import Cache, CacheFailedError, _accel
 from durablekv.check import check_directory
 
 PATHS = ["c", "python"]

@@ -21,6 +21,16 @@ STORE = "pages.sqlite3"
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
 
 
+def _edit_store(d, sql: str, args: tuple = ()) -> None:
+    """Run one statement on the closed cache's pages.sqlite3 (a hand edit)."""
+    conn = sqlite3.connect(d / STORE)
+    try:
+        conn.execute(sql, args)
+        conn.commit()
+    finally:
+        conn.close()
+
+
 def _filled(d, n=200):
     values = {f"k{i}": (b"v%d-" % i) * (1 + i % 7) for i in range(n)}
     values.update({i: [i, str(i), {"x": i}] for i in range(n)})
@@ -235,10 +245,7 @@ def test_a_meta_value_out_of_bounds_is_corrupt_store_error_naming_it(tmp_path, n
     OverflowError, MemoryError or a 26 s open), and check reports it."""
     d = tmp_path / "c"
     _filled(d, 20)
-    conn = sqlite3.connect(d / STORE)
-    conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
-    conn.commit()
-    conn.close()
+    _edit_store(d, "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
     with pytest.raises(CorruptStoreError, match=f"meta {name}="):
         Cache(d)
     res = check_directory(str(d))
@@ -252,10 +259,7 @@ def test_a_deleted_meta_row_is_reported_by_open_and_check_alike(tmp_path, name):
     the same words as DAMAGE (never a KeyError traceback)."""
     d = tmp_path / "c"
     _filled(d, 20)
-    conn = sqlite3.connect(d / STORE)
-    conn.execute("DELETE FROM meta WHERE name = ?", (name,))
-    conn.commit()
-    conn.close()
+    _edit_store(d, "DELETE FROM meta WHERE name = ?", (name,))
     with pytest.raises(CorruptStoreError, match=f"meta {name}") as info:
         Cache(d)
     words = str(info.value).split("(", 1)[1][:40]  # the problem, as the open names it
@@ -270,10 +274,7 @@ def test_a_serializer_changed_in_meta_is_damage_to_check(tmp_path):
     that the values are not pickles, without loading any."""
     d = tmp_path / "c"
     _filled(d, 20)
-    conn = sqlite3.connect(d / STORE)
-    conn.execute("UPDATE meta SET value = 'pickle' WHERE name = 'serializer'")
-    conn.commit()
-    conn.close()
+    _edit_store(d, "UPDATE meta SET value = 'pickle' WHERE name = 'serializer'")
     with pytest.raises(ConfigError, match="open it with serializer='pickle'"):
         Cache(d)
     res = check_directory(str(d))
@@ -290,10 +291,7 @@ def test_a_serializer_changed_in_meta_is_damage_to_check(tmp_path):
 def test_page_ids_out_of_range_are_corrupt_store_error(tmp_path):
     d = tmp_path / "c"
     _filled(d, 20)
-    conn = sqlite3.connect(d / STORE)
-    conn.execute("UPDATE pages SET page_id = -3 WHERE page_id = (SELECT MIN(page_id) FROM pages)")
-    conn.commit()
-    conn.close()
+    _edit_store(d, "UPDATE pages SET page_id = -3 WHERE page_id = (SELECT MIN(page_id) FROM pages)")
     with pytest.raises(CorruptStoreError, match="page ids run from -3"):
         Cache(d)
     assert any("page ids run from -3" in line for line in check_directory(str(d)).lines)

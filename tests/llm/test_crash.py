@@ -3,13 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import random
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,39 +12,16 @@ from durablekv import Cache
 from durablekv.llm.hashing import block_hashes
 from durablekv.llm.kvstore import KVBlockStore
 
-from .crash_model import BLOCK_SIZE, make_model
+from .crash_model import BLOCK_SIZE, make_model, run_then_kill
 
 WORKER = Path(__file__).with_name("kv_crash_worker.py")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def spill_then_kill(directory: Path, min_spills: int, seed: int) -> dict[bytes, str]:
     """Start the worker, SIGKILL it at a random moment after ``min_spills``
     acknowledged spills; return {block hash: sha256 of its bytes}."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(directory)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    acked: dict[bytes, str] = {}
-    extra = random.Random(seed).randrange(0, 20)
-    deadline = time.monotonic() + 60
-    watchdog = threading.Timer(90, proc.kill)        # a silent worker cannot hang the test
-    watchdog.start()
-    try:
-        while len(acked) < min_spills + extra:
-            assert time.monotonic() < deadline, "the worker spilled too few blocks in 60 s"
-            line = proc.stdout.readline().decode()
-            if not line:
-                pytest.fail(f"the worker exited early: {proc.stderr.read().decode()[-2000:]}")
-            _, h, digest = line.split()
-            acked[bytes.fromhex(h)] = digest
-    finally:
-        watchdog.cancel()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        proc.stdout.close()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
-    return acked
+    lines = run_then_kill(WORKER, directory, min_spills, seed, 20)
+    return {bytes.fromhex(h): digest for _, h, digest in lines}
 
 
 @pytest.mark.parametrize("seed", [0, 1])

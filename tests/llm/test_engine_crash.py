@@ -10,13 +10,6 @@ tier", states the bound).
 
 from __future__ import annotations
 
-import os
-import random
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -26,45 +19,16 @@ from durablekv.llm.engine import LLMEngine
 from durablekv.llm.kvstore import KVBlockStore
 from durablekv.llm.scheduler import ContinuousScheduler, Request
 
-from .crash_model import BLOCK_SIZE, make_model
+from .crash_model import BLOCK_SIZE, make_model, run_then_kill
 
 WORKER = Path(__file__).with_name("engine_crash_worker.py")
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_then_kill(directory: Path, min_done: int, seed: int) -> list[list[int]]:
-    """Start the worker, SIGKILL it at a random moment after ``min_done``
-    requests are reported written; return their prompts."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(directory)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    done: list[list[int]] = []
-    extra = random.Random(seed).randrange(0, 6)
-    deadline = time.monotonic() + 60
-    watchdog = threading.Timer(90, proc.kill)        # a silent worker cannot hang the test
-    watchdog.start()
-    try:
-        while len(done) < min_done + extra:
-            assert time.monotonic() < deadline, "the worker finished too few requests in 60 s"
-            line = proc.stdout.readline().decode()
-            if not line:
-                pytest.fail(f"the worker exited early: {proc.stderr.read().decode()[-2000:]}")
-            _, _rid, prompt = line.split()
-            done.append([int(t) for t in prompt.split(",")])
-    finally:
-        watchdog.cancel()
-        proc.send_signal(signal.SIGKILL)             # mid-workload: the next request runs
-        proc.wait(timeout=30)
-        proc.stdout.close()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
-    return done
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_killed_engine_leaves_every_written_prompt_block_to_the_next_process(tmp_path, seed):
     directory = tmp_path / "kv"
-    prompts = run_then_kill(directory, 8, seed)
+    lines = run_then_kill(WORKER, directory, 8, seed, 6)  # killed mid-request
+    prompts = [[int(t) for t in prompt.split(",")] for _, _rid, prompt in lines]
     model = make_model()
     with Cache(directory) as cache:
         pool = model.make_pool(256, BLOCK_SIZE, store=KVBlockStore(cache))
