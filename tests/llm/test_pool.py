@@ -319,3 +319,24 @@ def test_a_full_write_queue_drops_and_counts_instead_of_stalling(tmp_path):
         pool.free("a")
         assert pool.spill_cached() == 4                   # the dropped ones, at shutdown
         assert store.match_prefix(hashes) == 6
+
+
+def test_a_failed_block_writer_is_reported_not_lost(tmp_path):
+    """The writer thread's put fails (a full disk, say): flush_writes and the
+    next commit that would queue a block raise RuntimeError with the cause
+    chained, instead of the engine going on with writes silently dropped."""
+    class Full(KVBlockStore):
+        def put(self, block_hash, kv_array):
+            raise OSError(28, "No space left on device")
+
+    tokens = list(range(900, 905))                        # one full block: one write
+    with Cache(tmp_path / "kv") as cache:
+        pool = make_pool(num_blocks=8, store=Full(cache))
+        pool.add_sequence("a", tokens)
+        fill(pool, "a", tokens)
+        with pytest.raises(RuntimeError, match="writer thread failed") as info:
+            pool.flush_writes(timeout=30)
+        assert isinstance(info.value.__cause__, OSError)
+        pool.add_sequence("b", list(range(950, 963)))
+        with pytest.raises(RuntimeError, match="writer thread failed"):
+            fill(pool, "b", list(range(950, 963)))
