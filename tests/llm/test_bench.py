@@ -10,7 +10,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ("static", "continuous", "prefix_off", "prefix_memory", "prefix_durable",
-        "prefix_after_restart")
+        "durable_killed", "restart_cold", "prefix_after_restart", "prefix_after_kill")
+RESTARTS = ("restart_cold", "prefix_after_restart", "prefix_after_kill")
 
 
 def run_cli(*args, env=None, cwd=None):
@@ -34,16 +35,33 @@ def test_quick_bench_report(tmp_path):
         assert 0.0 <= x["prefix_hit_rate"] <= 1.0
         assert abs(x["prefix_hit_rate"] - x["prefix_hit_rate_memory"]
                    - x["prefix_hit_rate_durable"]) < 1e-12
-        assert x["output_tokens"] == r["static"]["output_tokens"]     # the same requests
+        if key not in RESTARTS:
+            assert x["output_tokens"] == r["static"]["output_tokens"]     # the same requests
     assert r["outputs_identical"] is True
     assert r["prefix_off"]["prefix_hit_rate"] == 0.0
     assert r["prefix_memory"]["prefix_hit_rate_memory"] > 0
     assert r["prefix_memory"]["prefix_hit_rate_durable"] == 0.0
     assert r["prefix_durable"]["written_blocks"] > 0           # as they filled
     assert r["prefix_durable"]["write_drops"] == 0
-    # a fresh pool: what it finds beyond its own blocks came from the durable tier
-    assert r["prefix_after_restart"]["prefix_hit_rate_durable"] > 0
-    assert r["prefix_after_restart"]["prefix_hit_rate"] > r["prefix_memory"]["prefix_hit_rate"]
+    # restarts: new processes on new requests over the same system prompts
+    assert r["restart_workload"]["user_seed"] != r["workload"]["user_seed"]
+    assert len({r[k]["output_tokens"] for k in RESTARTS}) == 1
+    assert r["restart_cold"]["output_tokens"] != r["static"]["output_tokens"]
+    assert r["restart_cold"]["blocks_at_open"] == 0 == r["restart_cold"]["blocks_reused"]
+    for key in ("prefix_after_restart", "prefix_after_kill"):
+        # the system prompts' blocks, computed before the restart, are served again
+        assert r[key]["blocks_at_open"] > 0 and r[key]["blocks_reused"] > 0, key
+        assert r[key]["prefix_hit_rate_reused"] > 0
+    # everything the killed run had written by its report survived the SIGKILL
+    killed = r["durable_killed"]
+    assert killed["distinct_blocks_put"] > 0
+    assert r["prefix_after_kill"]["blocks_at_open"] >= killed["distinct_blocks_put"]
+    for key in ("prefix_durable", "durable_killed") + RESTARTS:
+        x = r[key]
+        assert x["block_bytes"] > 0 and x["store_bytes"] > 0 and x["durable_put_mb_s"] > 0
+        assert 0 < x["durable_put_p50_us"] <= x["durable_put_p99_us"]
+    for gains in r["restart_gain"].values():
+        assert gains["tokens_per_s"]["median"] > 0 and gains["ttft_p50_s"]["median"] > 0
     for key in ("batching", "scheduling_gain", "prefix_gain", "spread_sweep", "load_sweep"):
         assert key in r
     assert r["batching"]["gain"]["median"] > 0
@@ -52,9 +70,10 @@ def test_quick_bench_report(tmp_path):
     assert not any(tmp_path.glob("**/*.png"))                         # no plots with --quick
     assert [p["batch_size"] for p in r["batching"]["decode_micro"]] == [1, 4]
 
-    from durablekv.llm.bench import render_markdown
+    from durablekv.llm.bench import render_findings, render_markdown
     table = render_markdown(r)
-    assert "| `prefix_after_restart` |" in table and "decode steps only, batch 4" in table
+    assert "| `prefix_after_kill` |" in table and "decode steps only, batch 4" in table
+    assert "kill -9" in render_findings(r)
 
 
 def test_command_line_needs_no_numpy_until_llm_bench(tmp_path):
