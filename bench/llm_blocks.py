@@ -4,8 +4,12 @@ A Llama-3-8B-sized KV page (all layers, K and V, 16 tokens, bf16) is several
 MiB. This writes the same blocks (random float32 bytes) through
 
 * ``durablekv``: ``KVBlockStore(Cache(dir, durability=...)).put`` of each
-  block, then ``cache.flush()`` (every byte goes to the replay log, then to
-  SQLite), and reads them back after a reopen (``get``: page faults);
+  block, then ``cache.flush()``, and reads them back after a reopen. Blocks of
+  1 MiB or more go to a file each, written once, with a 21-byte reference in
+  the Cache (the default, ``file_block_bytes="auto"``);
+* ``in_cache``: the same with ``file_block_bytes=None``, every block a Cache
+  value (every byte to the replay log, then to SQLite's WAL and main file):
+  the path before block files, measured in the same run;
 * ``file``: one file per block (``open``/``write``/``close``; with
   ``durability="fsync"`` also an ``fsync`` per file and one of the
   directory), read back with ``open``/``read`` (the physical floor here: the
@@ -48,18 +52,19 @@ def _blocks(size: int, count: int, seed: int) -> list[tuple[bytes, np.ndarray]]:
     return [(h, rng.standard_normal(size // 4).astype(np.float32)) for h in hashes]
 
 
-def _durablekv(root: Path, blocks: list, durability: str) -> tuple[float, float, int]:
+def _durablekv(root: Path, blocks: list, durability: str,
+               file_block_bytes: Any = "auto") -> tuple[float, float, int]:
     d = root / "kv"
     t0 = time.perf_counter()
     with Cache(d, durability=durability, max_value_bytes=64 * MIB, warm=False) as cache:
-        store = KVBlockStore(cache)
+        store = KVBlockStore(cache, file_block_bytes=file_block_bytes)
         for h, kv in blocks:
             store.put(h, kv)
         cache.flush()
         put = time.perf_counter() - t0
-    size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+    size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
     with Cache(d, durability=durability, max_value_bytes=64 * MIB, warm=False) as cache:
-        store = KVBlockStore(cache)
+        store = KVBlockStore(cache, file_block_bytes=file_block_bytes)
         t0 = time.perf_counter()
         for h, kv in blocks:
             got = store.get(h)
@@ -99,43 +104,46 @@ def _files(root: Path, blocks: list, durability: str) -> tuple[float, float, int
     return put, get, size
 
 
+IMPLS = ("durablekv", "in_cache", "file")
+
+
 def run(rounds: int, durabilities: tuple[str, ...] = ("log", "fsync"),
         tmpdir: str | None = None) -> list[dict[str, Any]]:
     rows = []
+    fns = {"durablekv": _durablekv, "file": _files,
+           "in_cache": lambda root, blocks, d: _durablekv(root, blocks, d, None)}
     for size, count in CASES:
         blocks = _blocks(size, count, size)
         total = size * count
         for durability in durabilities:
             samples: dict[str, dict[str, list[float]]] = {
-                impl: {"put": [], "get": [], "ratio": []} for impl in ("durablekv", "file")}
+                impl: {"put": [], "get": [], "ratio": []} for impl in IMPLS}
             disk: dict[str, int] = {}
             for r in range(rounds):
-                order = ("durablekv", "file") if r % 2 == 0 else ("file", "durablekv")
+                order = IMPLS[r % 3:] + IMPLS[:r % 3]      # each goes first in turn
                 got = {}
                 for impl in order:
                     root = Path(tempfile.mkdtemp(prefix="llm-blocks-", dir=tmpdir))
                     try:
-                        fn = _durablekv if impl == "durablekv" else _files
-                        got[impl] = fn(root, blocks, durability)
+                        got[impl] = fns[impl](root, blocks, durability)
                     finally:
                         shutil.rmtree(root, ignore_errors=True)
                 for impl, (put, get, nbytes) in got.items():
                     samples[impl]["put"].append(total / MIB / put)
                     samples[impl]["get"].append(total / MIB / get)
+                    samples[impl]["ratio"].append(got["file"][0] / put)
                     disk[impl] = nbytes
-                samples["durablekv"]["ratio"].append(got["file"][0] / got["durablekv"][0])
-                print(f"[llm_blocks] {_size(size)} x {count} {durability} round {r + 1}: "
-                      f"durablekv put {samples['durablekv']['put'][-1]:.0f} MB/s, file put "
-                      f"{samples['file']['put'][-1]:.0f} MB/s", file=sys.stderr, flush=True)
-            rows.append({
-                "block_bytes": size, "blocks": count, "durability": durability,
-                "durablekv_put_mb_s": summarize(samples["durablekv"]["put"]),
-                "durablekv_get_mb_s": summarize(samples["durablekv"]["get"]),
-                "file_put_mb_s": summarize(samples["file"]["put"]),
-                "file_get_mb_s": summarize(samples["file"]["get"]),
-                "put_ratio": summarize(samples["durablekv"]["ratio"]),
-                "durablekv_disk_bytes": disk["durablekv"], "file_disk_bytes": disk["file"],
-            })
+                print(f"[llm_blocks] {_size(size)} x {count} {durability} round {r + 1}: put MB/s "
+                      + ", ".join(f"{i} {samples[i]['put'][-1]:.0f}" for i in IMPLS),
+                      file=sys.stderr, flush=True)
+            row: dict[str, Any] = {"block_bytes": size, "blocks": count, "durability": durability}
+            for impl in IMPLS:
+                row[f"{impl}_put_mb_s"] = summarize(samples[impl]["put"])
+                row[f"{impl}_get_mb_s"] = summarize(samples[impl]["get"])
+                row[f"{impl}_disk_bytes"] = disk[impl]
+                if impl != "file":
+                    row[f"{impl}_put_ratio"] = summarize(samples[impl]["ratio"])
+            rows.append(row)
     return rows
 
 
@@ -149,18 +157,23 @@ def _fmt(s: dict[str, Any], digits: int = 0) -> str:
 
 def markdown(rows: list[dict[str, Any]], rounds: int) -> str:
     out = [f"`python -m bench.llm_blocks --rounds {rounds}`: MB/s, median (min..max) of "
-           f"{rounds} alternating rounds; put includes the flush to SQLite (durablekv) or "
-           "the fsyncs (file, `fsync` rows); get is after a reopen.", "",
-           "| block | durability | durablekv put | file put | put ratio (goal >= 0.5) | "
-           "durablekv get | file get | bytes on disk (durablekv / file) |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
+           f"{rounds} rounds, each implementation first in turn; put includes the flush "
+           "to SQLite (durablekv) or the fsyncs (file, `fsync` rows); get is after a "
+           "reopen. `durablekv`: block files (the default for blocks of 1 MiB and more); "
+           "`in cache`: every block a Cache value, as before block files.", "",
+           "| block | durability | durablekv put | in cache put | file put | "
+           "put ratio durablekv / file (goal >= 0.5) | in cache / file | durablekv get | "
+           "in cache get | file get | bytes on disk / file's |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(
             f"| {_size(r['block_bytes'])} x {r['blocks']} | {r['durability']} | "
-            f"{_fmt(r['durablekv_put_mb_s'])} | {_fmt(r['file_put_mb_s'])} | "
-            f"{_fmt(r['put_ratio'], 2)} | {_fmt(r['durablekv_get_mb_s'])} | "
-            f"{_fmt(r['file_get_mb_s'])} | "
-            f"{r['durablekv_disk_bytes'] / r['file_disk_bytes']:.2f}x |")
+            f"{_fmt(r['durablekv_put_mb_s'])} | {_fmt(r['in_cache_put_mb_s'])} | "
+            f"{_fmt(r['file_put_mb_s'])} | {_fmt(r['durablekv_put_ratio'], 2)} | "
+            f"{_fmt(r['in_cache_put_ratio'], 2)} | {_fmt(r['durablekv_get_mb_s'])} | "
+            f"{_fmt(r['in_cache_get_mb_s'])} | {_fmt(r['file_get_mb_s'])} | "
+            f"{r['durablekv_disk_bytes'] / r['file_disk_bytes']:.2f}x / "
+            f"{r['in_cache_disk_bytes'] / r['file_disk_bytes']:.2f}x |")
     return "\n".join(out) + "\n"
 
 

@@ -19,9 +19,29 @@ The CRC covers the key as well, so a value stored under the wrong hash is
 caught like a flipped bit. Arrays come back bit-exact, with their dtype and
 shape.
 
+Large blocks (``file_block_bytes``, 1 MiB by default: a real model's block
+is MiBs) are written once, to a file of their own beside the Cache
+(``<cache dir>/kvblocks/<hash hex>.kvb``, the same bytes as above), and the
+Cache holds a 21-byte reference under the hash::
+
+    0  4  magic b"DKVF" | 4  1  version (1) | 5  8  file length, u64
+    13 4  CRC-32 of the file's block (the CRC field above) | 17 4  CRC-32 of bytes 0..16
+
+so each byte of the block goes to disk once (through the page cache), not
+to the replay log and then twice to SQLite (WAL and main file) as a value
+does. The order makes it crash-safe: the file is written to a temporary
+name and renamed (with the Cache's ``durability="fsync"`` or ``"sync"``,
+after an fsync of the file, then of the directory) before its reference is
+set, so a reference always names a whole file; a crash between the two
+leaves a file with no reference, which the next KVBlockStore deletes when
+it opens. The files' bytes are bounded by ``max_file_bytes`` (least
+recently used files go first, with their reference); the Cache's own
+``size_limit`` counts only the references.
+
 A damaged block is never served as KV data. What "damaged" means: the value
 is not bytes, is truncated or too long, has a bad magic, version, dtype or
-shape, or its CRC does not match. With ``on_corrupt="miss"`` (the default)
+shape, or its CRC does not match; for a large block, also a reference whose
+file is missing or is not the file it names. With ``on_corrupt="miss"`` (the default)
 :meth:`KVBlockStore.get` then warns (:class:`KVBlockCorruptWarning`), deletes
 the entry and returns None, so the block is recomputed, exactly as on a miss;
 with ``on_corrupt="raise"`` it raises :class:`KVBlockCorruptError`. A miss is
@@ -33,8 +53,10 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import warnings
 import zlib
+from collections import OrderedDict
 from typing import Any, Iterable
 
 import numpy as np
@@ -50,6 +72,12 @@ _VERSION = 1
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _MAX_NDIM = 8
+_REF_MAGIC = b"DKVF"
+_REF = struct.Struct("<4sBQI")          # magic, version, file length, block CRC
+_REF_BYTES = _REF.size + 4              # + CRC of those 17 bytes
+#: default ``file_block_bytes``: blocks at least this big go to files
+DEFAULT_FILE_BLOCK_BYTES = 1 << 20
+_FILE_SUFFIX = ".kvb"
 
 
 class KVBlockCorruptError(DurableKVError, ValueError):
@@ -115,13 +143,21 @@ def encode_block(block_hash: bytes, kv: np.ndarray) -> bytes:
         raise TypeError(f"a KV block must hold numbers, not dtype {kv.dtype}")
     if kv.ndim > _MAX_NDIM:
         raise ValueError(f"a KV block has at most {_MAX_NDIM} dimensions, got {kv.ndim}")
+    head, payload, _crc = _encode_parts(block_hash, kv)
+    return head + payload.tobytes()
+
+
+def _encode_parts(block_hash: bytes, kv: np.ndarray) -> tuple[bytes, memoryview, int]:
+    """encode_block's header (CRC included), its payload as a byte view of
+    ``kv`` (no copy when ``kv`` is C-contiguous and little-endian), and the CRC."""
     dtype = kv.dtype.newbyteorder("<") if kv.dtype.byteorder == ">" else kv.dtype
-    payload = np.ascontiguousarray(kv, dtype=dtype).tobytes()
+    arr = np.ascontiguousarray(kv, dtype=dtype)
+    payload = memoryview(arr.reshape(-1)).cast("B")
     dstr = dtype.str.encode("ascii")
     head = (_MAGIC + bytes([_VERSION, len(dstr)]) + dstr + bytes([kv.ndim])
-            + b"".join(_U32.pack(n) for n in kv.shape) + _U64.pack(len(payload)))
+            + b"".join(_U32.pack(n) for n in kv.shape) + _U64.pack(arr.nbytes))
     crc = zlib.crc32(payload, zlib.crc32(head, zlib.crc32(block_hash)))
-    return head + _U32.pack(crc) + payload
+    return head + _U32.pack(crc), payload, crc
 
 
 def decode_block(block_hash: bytes, data: Any) -> np.ndarray:
@@ -134,7 +170,14 @@ def decode_block(block_hash: bytes, data: Any) -> np.ndarray:
 
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise bad(f"the stored value is a {type(data).__name__}, not bytes")
-    data = bytes(data)
+    return _decode(block_hash, memoryview(data).cast("B")).copy()
+
+
+def _decode(block_hash: bytes, data: memoryview) -> np.ndarray:
+    """decode_block on a byte view; the array shares ``data``'s memory."""
+    def bad(detail: str) -> KVBlockCorruptError:
+        return KVBlockCorruptError(block_hash, detail)
+
     if len(data) < 7 or data[:4] != _MAGIC:
         raise bad("no DKVB header (not a KV block)")
     if data[4] != _VERSION:
@@ -142,9 +185,9 @@ def decode_block(block_hash: bytes, data: Any) -> np.ndarray:
     n = data[5]
     pos = 6 + n
     try:
-        dtype = np.dtype(data[6:pos].decode("ascii"))
+        dtype = np.dtype(bytes(data[6:pos]).decode("ascii"))
     except (UnicodeDecodeError, TypeError, ValueError):
-        raise bad(f"unknown dtype string {data[6:pos]!r}") from None
+        raise bad(f"unknown dtype string {bytes(data[6:pos])!r}") from None
     if dtype.kind not in "fiub" or dtype.hasobject:
         raise bad(f"dtype {dtype} is not numeric")
     if len(data) < pos + 1:
@@ -167,51 +210,215 @@ def decode_block(block_hash: bytes, data: Any) -> np.ndarray:
         raise bad(f"payload of {length} bytes does not hold shape {shape} of {dtype}")
     if zlib.crc32(payload, zlib.crc32(head, zlib.crc32(block_hash))) != crc:
         raise bad("checksum mismatch (bit flip, torn write, or stored under another hash)")
-    return np.frombuffer(payload, dtype=dtype).reshape(shape).copy()
+    return np.frombuffer(payload, dtype=dtype).reshape(shape)
 
 
 class KVBlockStore:
     """KV blocks by hash in a durablekv :class:`~durablekv.Cache` (keys and values bytes).
 
-    Uses only the Cache's public API (``set``, ``get``, ``in``, ``delete``), so
-    the blocks get the Cache's replay log and write-behind page store: a
-    block whose ``put`` returned survives a killed process under the Cache's
-    ``durability="log"`` and a power loss under ``"fsync"``.
+    Uses only the Cache's public API (``set``, ``get``, ``in``, ``delete``,
+    ``keys``), so the blocks get the Cache's replay log and write-behind page
+    store: a block whose ``put`` returned survives a killed process under the
+    Cache's ``durability="log"`` and a power loss under ``"fsync"``. Blocks of
+    ``file_block_bytes`` or more are written once to a file of their own, the
+    Cache holding a reference (module docstring), with the same promises.
 
     :param cache: an open :class:`~durablekv.Cache` (or anything with that
         mapping API). The KVBlockStore does not close it.
     :param on_corrupt: ``"miss"`` (default: warn, delete, return None) or
         ``"raise"`` (:class:`KVBlockCorruptError`), for a damaged block.
+    :param file_block_bytes: blocks whose payload (``kv_array.nbytes``) is at
+        least this many bytes go to files (an int >= 1), or None: every block
+        in the Cache. The default, ``"auto"``, is 1 MiB for a Cache in a local
+        directory (files in ``<cache.path>/kvblocks``) and None for any other
+        cache (a ``postgresql://`` one: a failover peer could not follow its
+        references to this machine's files).
+    :param block_dir: where the block files live (default: beside the Cache).
+    :param max_file_bytes: a bound on the block files' bytes (int >= 1), or
+        None (default: no bound, like a Cache without ``size_limit``). Over
+        it, the least recently used files are deleted with their references.
     :raises TypeError: ``cache`` lacks that API (a path, say: open the Cache
         first, ``KVBlockStore(Cache("var/kv"))``).
-    :raises ConfigError: a bad ``on_corrupt``.
+    :raises ConfigError: a bad ``on_corrupt``, a size < 1, or files asked for
+        with no local directory to put them in.
 
     Counters (ints since construction): ``puts``, ``hits``, ``misses``,
-    ``corrupt``. Thread-safety: the Cache is thread-safe; the counters are
-    for the one engine thread that uses the store.
+    ``corrupt``, ``file_puts``. Thread-safety: the Cache is thread-safe, the
+    block files' index is locked; ``put`` may run on the pool's writer thread
+    while ``get`` runs on the engine's.
     """
 
-    def __init__(self, cache: Any, *, on_corrupt: str = "miss") -> None:
+    def __init__(self, cache: Any, *, on_corrupt: str = "miss",
+                 file_block_bytes: int | str | None = "auto",
+                 block_dir: str | os.PathLike | None = None,
+                 max_file_bytes: int | None = None) -> None:
         if on_corrupt not in ("miss", "raise"):
             raise ConfigError(f"on_corrupt must be 'miss' or 'raise', not {on_corrupt!r}")
         _check_cache(cache)
+        if file_block_bytes == "auto":
+            local = getattr(cache, "path", None)
+            file_block_bytes = (DEFAULT_FILE_BLOCK_BYTES if block_dir is not None or (
+                isinstance(local, (str, os.PathLike)) and os.path.isdir(local)) else None)
+        for what, value in (("file_block_bytes", file_block_bytes),
+                            ("max_file_bytes", max_file_bytes)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"{what} must be a positive int (bytes) or None, "
+                                  f"not {value!r}")
         self.cache = cache
         self.on_corrupt = on_corrupt
-        self.puts = self.hits = self.misses = self.corrupt = 0
+        self.puts = self.hits = self.misses = self.corrupt = self.file_puts = 0
+        self.file_block_bytes = file_block_bytes
+        self.max_file_bytes = max_file_bytes
+        self.block_dir: str | None = None
+        if file_block_bytes is not None:
+            self.block_dir = _block_dir(cache, block_dir)
+        # block files, least recently used first: hash -> file bytes
+        self._files: OrderedDict[bytes, int] = OrderedDict()
+        self.file_bytes = 0
+        self._lock = threading.Lock()
+        if self.block_dir is not None:
+            self._open_files()
 
     @property
     def name(self) -> str:
         """The Cache's name (the metrics ``cache`` label)."""
         return str(getattr(self.cache, "name", "kv"))
 
+    # -- block files ----------------------------------------------------------
+
+    def _path(self, block_hash: bytes) -> str:
+        return os.path.join(self.block_dir, block_hash.hex() + _FILE_SUFFIX)
+
+    def _open_files(self) -> None:
+        """Index the block files, oldest first; delete temporaries and files no
+        reference names (a crash between a file's rename and its reference)."""
+        os.makedirs(self.block_dir, mode=0o700, exist_ok=True)
+        found = []
+        with os.scandir(self.block_dir) as it:
+            for entry in it:
+                name = entry.name
+                if not name.endswith(_FILE_SUFFIX):
+                    if name.endswith(".tmp"):
+                        _unlink(entry.path)
+                    continue
+                try:
+                    h = bytes.fromhex(name[:-len(_FILE_SUFFIX)])
+                    st = entry.stat()
+                except (ValueError, OSError):
+                    continue
+                if len(h) != HASH_BYTES:
+                    continue
+                if h not in self.cache:
+                    _unlink(entry.path)
+                    continue
+                found.append((st.st_mtime_ns, h, st.st_size))
+        for _mtime, h, size in sorted(found):
+            self._files[h] = size
+            self.file_bytes += size
+
+    def _put_file(self, block_hash: bytes, kv_array: np.ndarray, head: bytes,
+                  payload: memoryview, crc: int) -> None:
+        """Write the block's file once (temporary name, fsync where the Cache's
+        durability asks, rename), then set its reference."""
+        path = self._path(block_hash)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        sync = getattr(self.cache, "durability", "log") in ("fsync", "sync")
+        size = len(head) + len(payload)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                     0o600)
+        try:
+            views = [memoryview(head), payload]
+            while views:
+                n = os.writev(fd, views)
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if views:
+                    views[0] = views[0][n:]
+            if sync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        os.close(fd)
+        os.replace(tmp, path)
+        if sync:
+            _fsync_dir(self.block_dir)
+        ref = _REF.pack(_REF_MAGIC, _VERSION, size, crc)
+        self.cache.set(block_hash, ref + _U32.pack(zlib.crc32(ref)))
+        with self._lock:
+            self.file_bytes += size - self._files.pop(block_hash, 0)
+            self._files[block_hash] = size
+            victims = []
+            while (self.max_file_bytes is not None and self.file_bytes > self.max_file_bytes
+                   and len(self._files) > 1):
+                h, n = self._files.popitem(last=False)
+                self.file_bytes -= n
+                victims.append(h)
+        for h in victims:
+            self.cache.delete(h)
+            _unlink(self._path(h))
+        self.file_puts += 1
+
+    def _get_file(self, block_hash: bytes, ref: bytes) -> np.ndarray:
+        """The block a reference names, read with one copy from the file.
+
+        :raises KVBlockCorruptError: a bad reference, a missing or different file.
+        """
+        def bad(detail: str) -> KVBlockCorruptError:
+            return KVBlockCorruptError(block_hash, detail)
+
+        if len(ref) != _REF_BYTES or zlib.crc32(ref[:_REF.size]) != _U32.unpack_from(
+                ref, _REF.size)[0]:
+            raise bad("a damaged block file reference")
+        _magic, version, size, crc = _REF.unpack_from(ref)
+        if version != _VERSION:
+            raise bad(f"block file reference version {version}, this durablekv reads {_VERSION}")
+        buf = bytearray(size)
+        try:
+            with open(self._path(block_hash), "rb", buffering=0) as f:
+                got = f.readinto(buf)
+                extra = f.read(1)
+        except FileNotFoundError:
+            raise bad(f"its file {self._path(block_hash)} is missing") from None
+        if got != size or extra:
+            raise bad(f"its file {self._path(block_hash)} is not {size} bytes")
+        kv = _decode(block_hash, memoryview(buf))
+        if _U32.unpack_from(buf, len(buf) - kv.nbytes - 4)[0] != crc:
+            raise bad(f"its file {self._path(block_hash)} holds another version of the block")
+        with self._lock:
+            if block_hash in self._files:
+                self._files.move_to_end(block_hash)
+        return kv
+
+    def _forget_file(self, block_hash: bytes) -> None:
+        if self.block_dir is None:
+            return
+        with self._lock:
+            self.file_bytes -= self._files.pop(block_hash, 0)
+        _unlink(self._path(block_hash))
+
+    # -- the mapping ----------------------------------------------------------
+
     def put(self, block_hash: bytes, kv_array: np.ndarray) -> None:
         """Store ``kv_array`` under ``block_hash`` (replacing what was there).
 
-        Returns once the Cache's ``set`` returned (its durability applies).
+        Returns once the Cache's ``set`` returned (its durability applies);
+        a large block's file is written before its reference.
 
         :raises TypeError: a bad hash or array (see :func:`encode_block`).
+        :raises OSError: a block file could not be written (disk full, say).
         """
-        self.cache.set(_check_hash(block_hash), encode_block(block_hash, kv_array))
+        _check_hash(block_hash)
+        if self.block_dir is not None and isinstance(kv_array, np.ndarray) and (
+                kv_array.nbytes >= self.file_block_bytes):
+            head, payload, crc = _encode_parts(block_hash, kv_array)
+            self._put_file(block_hash, kv_array, head, payload, crc)
+        else:
+            self.cache.set(block_hash, encode_block(block_hash, kv_array))
+            self._forget_file(block_hash)   # a smaller block replaced a file's
         self.puts += 1
 
     def get(self, block_hash: bytes) -> np.ndarray | None:
@@ -226,7 +433,10 @@ class KVBlockStore:
             self.misses += 1
             return None
         try:
-            kv = decode_block(block_hash, data)
+            if isinstance(data, bytes) and data[:4] == _REF_MAGIC and self.block_dir:
+                kv = self._get_file(block_hash, data)
+            else:
+                kv = decode_block(block_hash, data)
         except KVBlockCorruptError as exc:
             self.drop_corrupt(exc)
             return None
@@ -242,6 +452,7 @@ class KVBlockStore:
             raise exc
         warnings.warn(f"{exc}; treated as a miss", KVBlockCorruptWarning, stacklevel=3)
         self.cache.delete(exc.block_hash)
+        self._forget_file(exc.block_hash)
         self.misses += 1
 
     def __contains__(self, block_hash: object) -> bool:
@@ -261,5 +472,34 @@ class KVBlockStore:
         return n
 
     def delete(self, block_hash: bytes) -> bool:
-        """Remove a block; True when it was stored."""
-        return bool(self.cache.delete(_check_hash(block_hash)))
+        """Remove a block (and its file); True when it was stored."""
+        found = bool(self.cache.delete(_check_hash(block_hash)))
+        self._forget_file(block_hash)
+        return found
+
+
+def _block_dir(cache: Any, block_dir: str | os.PathLike | None) -> str:
+    if block_dir is not None:
+        return os.fspath(block_dir)
+    path = getattr(cache, "path", None)
+    if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
+        return os.path.join(os.fspath(path), "kvblocks")
+    raise ConfigError(f"file_block_bytes puts large KV blocks in files, and {type(cache).__name__} "
+                      f"{getattr(cache, 'path', cache)!r:.80} is not a cache in a local "
+                      "directory; pass block_dir= (a local directory for the files), or "
+                      "file_block_bytes=None to keep every block in the cache")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

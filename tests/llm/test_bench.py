@@ -114,6 +114,8 @@ def test_the_large_block_bench_runs_and_reports_both_sides(monkeypatch, tmp_path
     assert [(r["block_bytes"], r["durability"]) for r in rows] == [
         (64 << 10, "log"), (64 << 10, "fsync"), (256 << 10, "log"), (256 << 10, "fsync")]
     for r in rows:
-        assert r["durablekv_put_mb_s"]["median"] > 0 and r["file_put_mb_s"]["median"] > 0
-        assert r["put_ratio"]["n"] == 2 and r["file_disk_bytes"] == r["block_bytes"] * r["blocks"]
+        for impl in ("durablekv", "in_cache", "file"):
+            assert r[f"{impl}_put_mb_s"]["median"] > 0 and r[f"{impl}_get_mb_s"]["median"] > 0
+        assert r["durablekv_put_ratio"]["n"] == 2 and r["in_cache_put_ratio"]["n"] == 2
+        assert r["file_disk_bytes"] == r["block_bytes"] * r["blocks"]
     assert "| 64 KiB x 4 | log |" in llm_blocks.markdown(rows, 2)
