@@ -70,7 +70,7 @@ from .model import Segment, TinyTransformer
 from .scheduler import ContinuousScheduler, Request, StaticScheduler
 
 __all__ = ["Workload", "BenchConfig", "run_workload", "run_bench", "batching_micro",
-           "render_markdown", "main"]
+           "render_markdown", "render_findings", "render_docs", "run_child", "main"]
 
 
 @dataclass(frozen=True)
@@ -768,6 +768,12 @@ def render_findings(r: dict[str, Any]) -> str:
         f"{r['outputs_identical']}.",
     ]
     return "\n".join(out) + "\n"
+
+
+def render_docs(r: dict[str, Any]) -> str:
+    """The tables and the findings, as docs/llm.md holds them (``python -m bench.llm_docs``)."""
+    return render_markdown(r) + "\nWhat this run shows (generated from its numbers):\n\n" + \
+        render_findings(r)
 
 
 def _print_report(r: dict[str, Any], out=None) -> None:
