@@ -38,7 +38,7 @@ def test_large_block_goes_to_a_file_and_survives_a_reopen(tmp_path):
         store.put(HASHES[0], kv)
         small = np.ones((2, 2, 4, 8), dtype=np.float32)
         store.put(HASHES[1], small)                       # below 1 MiB: in the Cache
-        assert len(cache.get(HASHES[0])) == 21            # the reference, not the block
+        assert len(cache.get(HASHES[0])) == 25            # the reference, not the block
         assert len(cache.get(HASHES[1])) > small.nbytes
         assert files(tmp_path / "kv") == [HASHES[0].hex() + ".kvb"]
         assert os.path.getsize(tmp_path / "kv" / "kvblocks" / files(tmp_path / "kv")[0]) \
@@ -162,3 +162,13 @@ def test_acknowledged_block_files_survive_sigkill(tmp_path, seed):
         # no temporary or unreferenced file is left behind
         for name in files(tmp_path / "kv"):
             assert name.endswith(".kvb") and bytes.fromhex(name[:-4]) in cache
+
+
+def test_block_files_need_xxhash_and_say_so(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "xxhash", None)
+    with Cache(tmp_path / "kv") as cache:
+        with pytest.raises(ConfigError, match=r"durablekv\[llm\].*file_block_bytes=None"):
+            KVBlockStore(cache)
+        store = KVBlockStore(cache, file_block_bytes=None)   # every block in the Cache
+        store.put(HASHES[0], big(0))
+        assert store.get(HASHES[0]).nbytes == MIB
