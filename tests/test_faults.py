@@ -23,6 +23,7 @@ from durablekv import (Cache, CacheClosedError, CacheFailedError, FlushTimeoutEr
                        WriteBehindError)
 from durablekv.check import check_directory
 from durablekv.logsegments import list_segments
+from durablekv import logcontrol, replaylog
 from durablekv.replaylog import ReplayLog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +36,8 @@ class PowerLossLog:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.synced: dict[str, int] = {}
         self.fsyncs = 0
+        self.monkeypatch = monkeypatch
+        self.boots = 0
         real_fsync = ReplayLog._fsync
         outer = self
 
@@ -55,11 +58,17 @@ class PowerLossLog:
         self.power_loss_files(cache.path)
 
     def power_loss_files(self, directory: str) -> None:
-        """Unsynced log bytes in ``directory`` vanish."""
+        """Unsynced log bytes in ``directory`` vanish, and the machine boots
+        again (a new kernel boot id: replay.control's same-boot checks hold
+        only while the machine has not restarted)."""
         for seg in list_segments(directory):
             keep = self.synced.get(os.path.realpath(seg), 0)
             with open(seg, "r+b") as f:
                 f.truncate(keep)
+        self.boots += 1
+        boot = f"simulated-boot-{self.boots}"
+        for module in (logcontrol, replaylog):
+            self.monkeypatch.setattr(module, "boot_id", lambda: boot)
 
 
 def contents(d) -> dict:
