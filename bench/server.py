@@ -63,6 +63,9 @@ class DictBackend:
     async def delete(self, key: str) -> bool:
         return self.d.pop(key, _MISSING) is not _MISSING
 
+    async def touch(self, key: str, expire: float | None = None) -> bool:
+        return key in self.d
+
     async def incr(self, key: str, delta: int = 1) -> int:
         value = self.d.get(key, 0)
         if type(value) is not int:

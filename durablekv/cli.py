@@ -557,8 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .server.command import add_arguments as _serve_arguments  # no FastAPI import
     v = sub.add_parser("serve", help="serve a cache directory over HTTP (the server extra)",
                        description="Serve DIR over HTTP (FastAPI on uvicorn): PUT/GET/HEAD/"
-                       "DELETE /v1/keys/KEY, POST /v1/keys/KEY/incr, POST /v1/batch, /metrics, "
-                       "/healthz. Prints 'durablekv serving DIR on http://HOST:PORT' once "
+                       "DELETE /v1/keys/KEY, POST /v1/keys/KEY/incr and /touch, POST /v1/batch, "
+                       "/metrics, /healthz. Prints 'durablekv serving DIR on http://HOST:PORT' once "
                        "listening; SIGTERM or SIGINT drains, flushes, closes and exits 0. "
                        "See docs/server.md.")
     _serve_arguments(v)

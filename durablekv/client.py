@@ -56,9 +56,11 @@ def _path(key: str) -> str:
         raise TypeError(f"keys over HTTP are str, got {type(key).__name__} {key!r}")
     if not key:
         raise ValueError("the key is empty; HTTP keys are non-empty str")
-    if key.endswith("/incr"):
-        raise ValueError(f"key {key!r} ends in '/incr', which the HTTP API keeps for "
-                         "POST /v1/keys/KEY/incr; choose a key that does not end so")
+    for suffix in ("/incr", "/touch"):
+        if key.endswith(suffix):
+            raise ValueError(f"key {key!r} ends in {suffix!r}, which the HTTP API keeps "
+                             f"for POST /v1/keys/KEY{suffix}; choose a key that does not "
+                             "end so")
     return "/v1/keys/" + quote(key, safe="")
 
 
@@ -152,6 +154,16 @@ def _op_incr(key: str, delta: int) -> tuple[tuple, Callable[[httpx.Response], An
         _raise_for(resp)
         return 0
     return ("POST", _path(key) + "/incr", {"delta": str(delta)}, None, None), done
+
+
+def _op_touch(key: str, expire: float | None) -> tuple[tuple, Callable[[httpx.Response], Any]]:
+    def done(resp: httpx.Response) -> bool:
+        if resp.status_code in (204, 404):
+            return resp.status_code == 204
+        _raise_for(resp)
+        return False
+    params = None if expire is None else {"ttl": repr(float(expire))}
+    return ("POST", _path(key) + "/touch", params, None, None), done
 
 
 def _op_batch(ops: Iterable[dict[str, Any]]) -> tuple[tuple, Callable[[httpx.Response], Any]]:
@@ -316,6 +328,15 @@ class Client(_Base):
         """
         return self._do(_op_incr(key, delta))
 
+    def touch(self, key: str, expire: float | None = None) -> bool:
+        """Give the live entry under ``key`` a new TTL: ``expire`` seconds from
+        now, or none (``POST /v1/keys/KEY/touch``); ``expire=0`` removes it.
+        True if the key was there.
+
+        :raises RemoteValueError: a bad ttl or key.
+        """
+        return self._do(_op_touch(key, expire))
+
     def batch(self, ops: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """``POST /v1/batch``: ``ops`` like ``{"op": "set", "key": k, "value": v,
         "ttl": s}``; one result dict per op (``status``, ``value``)."""
@@ -422,6 +443,10 @@ class AsyncClient(_Base):
     async def incr(self, key: str, delta: int = 1) -> int:
         """:meth:`Client.incr`."""
         return await self._do(_op_incr(key, delta))
+
+    async def touch(self, key: str, expire: float | None = None) -> bool:
+        """:meth:`Client.touch`."""
+        return await self._do(_op_touch(key, expire))
 
     async def batch(self, ops: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """:meth:`Client.batch`."""

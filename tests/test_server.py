@@ -112,6 +112,61 @@ def test_incr(http, key):
     assert http.post(f"/v1/keys/{key}/incr", params={"delta": "x"}).status_code == 422
 
 
+def test_incr_takes_ints_of_any_size(http, key):
+    """JSON carries any int, and Cache.incr adds any two: so does the route."""
+    r = http.post(f"/v1/keys/{key}/incr", params={"delta": 10 ** 20})
+    assert (r.status_code, r.json(), r.text) == (200, 10 ** 20, str(10 ** 20))
+    assert http.post(f"/v1/keys/{key}/incr", params={"delta": -(10 ** 30)}).json() == \
+        10 ** 20 - 10 ** 30
+    assert http.get(f"/v1/keys/{key}").json() == 10 ** 20 - 10 ** 30
+    r = http.post(f"/v1/keys/{key}/incr", params={"delta": "1" * 5000})   # past int() limits
+    assert r.status_code == 422 and error_of(r)
+
+
+def test_touch(http, key):
+    http.put(f"/v1/keys/{key}", json="v", params={"ttl": 3600})
+    assert http.post(f"/v1/keys/{key}/touch", params={"ttl": 60}).status_code == 204
+    assert http.post(f"/v1/keys/{key}/touch").status_code == 204          # no expiry now
+    assert http.get(f"/v1/keys/{key}").json() == "v"
+    assert http.post(f"/v1/keys/{key}/touch", params={"ttl": 0}).status_code == 204
+    r = http.post(f"/v1/keys/{key}/touch")
+    assert r.status_code == 404 and error_of(r)["error"] == "not found"   # ttl=0 removed it
+    for bad in (-1, "x", "inf"):
+        r = http.post(f"/v1/keys/{key}/touch", params={"ttl": bad})
+        assert r.status_code == 422 and error_of(r), bad
+    r = http.get(f"/v1/keys/{key}/touch")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+def test_touch_moves_the_ttl(tmp_path):
+    """In-process, on the cache's injected clock: touch gives a live entry a
+    new TTL, or none."""
+    from durablekv import Cache
+    from durablekv.server.app import create_app
+
+    now = [1_900_000_000.0]
+    cache = Cache(tmp_path / "c", clock=lambda: now[0])
+
+    async def main():
+        transport = httpx.ASGITransport(app=create_app(cache))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            await c.put("/v1/keys/a", json=1, params={"ttl": 10})
+            await c.put("/v1/keys/b", json=2, params={"ttl": 10})
+            assert (await c.post("/v1/keys/a/touch", params={"ttl": 100})).status_code == 204
+            assert (await c.post("/v1/keys/b/touch")).status_code == 204
+            now[0] += 50
+            assert (await c.get("/v1/keys/a")).json() == 1
+            assert (await c.get("/v1/keys/b")).json() == 2
+            now[0] += 51
+            assert (await c.get("/v1/keys/a")).status_code == 404
+            assert (await c.get("/v1/keys/b")).json() == 2
+
+    try:
+        asyncio.run(main())
+    finally:
+        cache.close()
+
+
 def test_if_none_match_is_add(http, key):
     h = {"If-None-Match": "*"}
     assert http.put(f"/v1/keys/{key}", json=1, headers=h).status_code == 204
@@ -515,7 +570,8 @@ def test_openapi_describes_every_route_with_its_errors(http):
     schema = http.get("/openapi.json").json()
     ops = {(p, m): op for p, item in schema["paths"].items() for m, op in item.items()}
     assert set(ops) == {("/v1/keys/{key}", m) for m in ("put", "get", "head", "delete")} | {
-        ("/v1/keys/{key}/incr", "post"), ("/v1/batch", "post"), ("/v1/stats", "get"),
+        ("/v1/keys/{key}/incr", "post"), ("/v1/keys/{key}/touch", "post"),
+        ("/v1/batch", "post"), ("/v1/stats", "get"),
         ("/metrics", "get"), ("/healthz", "get")}
     assert "414" in ops["/v1/keys/{key}", "put"]["responses"]
     assert {"412", "413", "422", "401"} <= set(ops["/v1/keys/{key}", "put"]["responses"])
@@ -544,6 +600,9 @@ def test_client_mapping_and_errors(server, key):
         assert kv.get(key + "b") == b"\x00raw"
         assert kv.add(key, 1) is False and kv.add(key + "c", 1) is True
         assert kv.incr(key + "n", 3) == 3 and kv.incr(key + "n") == 4
+        assert kv.incr(key + "n", 10 ** 20) == 10 ** 20 + 4
+        assert kv.touch(key + "n", 60) is True and kv.touch(key + "n") is True
+        assert kv.touch(key + "absent") is False
         del kv[key]
         assert key not in kv and kv.get(key, "dflt") == "dflt"
         with pytest.raises(KeyError):
@@ -562,10 +621,10 @@ def test_client_mapping_and_errors(server, key):
         assert "durablekv_http_requests_total" in kv.metrics()
         with pytest.raises(TypeError, match="not iterable"):
             list(kv)
-        for bad in ("", key + "/incr"):
-            with pytest.raises(ValueError, match="empty|ends in '/incr'"):
+        for bad in ("", key + "/incr", key + "/touch"):
+            with pytest.raises(ValueError, match="empty|ends in '/(incr|touch)'"):
                 kv.set(bad, 1)
-            with pytest.raises(ValueError, match="empty|ends in '/incr'"):
+            with pytest.raises(ValueError, match="empty|ends in '/(incr|touch)'"):
                 kv.get(bad)
     with Client(server.url) as anon, pytest.raises(RemoteAuthError) as ei:
         anon.get(key)
@@ -582,6 +641,9 @@ def test_async_client(server, key):
             assert await kv.contains(key)
             assert await kv.add(key, 2) is False
             assert await kv.incr(key + "n", 2) == 2
+            assert await kv.incr(key + "n", -(10 ** 20)) == 2 - 10 ** 20
+            assert await kv.touch(key + "n", 5) is True
+            assert await kv.touch(key + "n", 0) is True and not await kv.contains(key + "n")
             assert await kv.delete(key) and not await kv.delete(key)
             with pytest.raises(KeyError):
                 await kv.getitem(key)

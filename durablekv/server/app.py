@@ -90,6 +90,10 @@ class ErrorBody(BaseModel):
     detail: str = Field(description="what happened and what to do")
 
 
+#: the action routes under a key (POST only): a key cannot end in these
+_ACTION_SUFFIXES = ("/incr", "/touch")
+
+
 class BatchOp(BaseModel):
     """One operation of a batch."""
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -227,7 +231,7 @@ def _is_json(content_type: str | None) -> bool:
 
 def _error_docs(*statuses: int) -> dict[int | str, dict[str, Any]]:
     text = {400: "bad request (malformed JSON, bad key)", 401: "missing or wrong token",
-            404: "missing or expired key", 405: "method not allowed (a key cannot end in /incr)",
+            404: "missing or expired key", 405: "method not allowed (a key cannot end in /incr or /touch)",
             406: "the stored value has no JSON form",
             408: "the body did not arrive in time", 409: "the stored value is not an int",
             412: "If-None-Match: * and the key is present", 413: "value over the limit",
@@ -348,7 +352,7 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
     """The HTTP API over ``cache``.
 
     :param cache: an open :class:`~durablekv.Cache`, an :class:`AsyncCache`,
-        or any object with AsyncCache's ``get/set/add/delete/incr/contains``
+        or any object with AsyncCache's ``get/set/add/delete/incr/touch/contains``
         coroutines (the benchmark's dict-backed baseline).
     :param token: bearer token every route but ``/healthz`` requires; None:
         no auth (loopback only: :func:`durablekv.server.serve` refuses
@@ -395,11 +399,11 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
     app.state.backend = backend
 
     def check_key(key: str, method: str = "") -> None:
-        if method and key.endswith("/incr"):
-            # the path of POST /v1/keys/{key}/incr: no other method there
+        if method and key.endswith(_ACTION_SUFFIXES):
+            # the path of POST /v1/keys/{key}/incr or /touch: no other method there
             raise ApiError(405, "method not allowed", f"{method} is not allowed on "
-                           f"/v1/keys/{key}; allowed: POST (a key cannot end in '/incr')",
-                           {"Allow": "POST"})
+                           f"/v1/keys/{key}; allowed: POST (a key cannot end in '/incr' "
+                           "or '/touch')", {"Allow": "POST"})
         if not key:
             raise ApiError(400, "empty key", "the key is empty; name one: /v1/keys/KEY")
         if len(key) > max_key_chars:
@@ -470,8 +474,10 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
                                "description": "the new value"},
                          **_error_docs(400, 409, 414, 422, *_SERVER_ERRORS)})
     async def incr_key(key: str = key_path,
-                       delta: int = Query(1, description="int to add (negative subtracts)",
-                                          ge=-(1 << 63), le=(1 << 63) - 1)) -> Response:
+                       delta: int = Query(1, description="int to add (negative subtracts); "
+                                          "any size, as the answer: Python ints (a JSON "
+                                          "number past 2**53 loses precision in "
+                                          "JavaScript: read it as a string there)")) -> Response:
         """Add ``delta`` to the int under ``key`` (a missing key counts from 0)."""
         check_key(key)
         try:
@@ -479,6 +485,22 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
         except TypeError as exc:
             raise ApiError(409, "not an int", str(exc)) from None
         return Response(encode_json(value), media_type=_JSON)
+
+    @app.post("/v1/keys/{key:anykey}/touch", status_code=204, operation_id="touch_key",
+              responses={204: {"description": "the entry has its new TTL"},
+                         **_error_docs(400, 404, 414, 422, *_SERVER_ERRORS)})
+    async def touch_key(key: str = key_path, ttl: float | None = ttl_query) -> Response:
+        """Give the live entry under ``key`` a new TTL: ``ttl`` seconds from now,
+        or no expiry when ``ttl`` is omitted; ``ttl=0`` removes it. 404 when
+        there is no live entry (Redis's ``EXPIRE``/``PERSIST``)."""
+        check_key(key)
+        try:
+            found = await call(backend.touch(key, ttl))
+        except ValueError as exc:
+            raise ApiError(400, "bad ttl", str(exc)) from None
+        if not found:
+            raise ApiError(404, "not found", f"no live entry under key {key!r}")
+        return Response(status_code=204)
 
     @app.put("/v1/keys/{key:anykey}", status_code=204, operation_id="put_key",
              responses={204: {"description": "stored", "links": put_links},
@@ -531,7 +553,8 @@ def create_app(cache: Cache | AsyncCache | Any, token: str | None = None, *,
     @app.head("/v1/keys/{key:anykey}", operation_id="head_key", response_class=Response,
               responses={200: {"description": "present"}, 404: {"description": "missing"},
                          400: {"description": "empty key"},
-                         405: {"description": "a key ending in /incr"}, 414: {"description": "key too long"},
+                         405: {"description": "a key ending in /incr or /touch"},
+                         414: {"description": "key too long"},
                          **{s: {"description": "cache error"} for s in _SERVER_ERRORS}})
     async def head_key(key: str = key_path) -> Response:
         """200 when a live entry is under ``key``, 404 otherwise (no body)."""
@@ -691,12 +714,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _allowed_methods(app: FastAPI, path: str) -> list[str]:
-    """The methods of the routes whose path matches (the incr route alone
-    when it matches: a key cannot end in /incr)."""
+    """The methods of the routes whose path matches (the incr or touch route
+    alone when it matches: a key cannot end in /incr or /touch)."""
     routes = [r for r in app.router.routes if getattr(r, "methods", None)
               and getattr(r, "path_regex", None) is not None and r.path_regex.match(path)]
-    incr = [r for r in routes if r.path_format.endswith("/incr")]
-    return sorted({m for r in (incr or routes) for m in r.methods})
+    action = [r for r in routes if r.path_format.endswith(_ACTION_SUFFIXES)]
+    return sorted({m for r in (action or routes) for m in r.methods})
 
 
 class _KeyConvertor(Convertor):
