@@ -31,9 +31,10 @@ unchanged; docs/django.md lists the few deliberate differences.
   per alias per thread), so they see each other's writes. ``close()``, which
   Django calls after every request, keeps it open; it is closed, flushed, at
   the process's exit (or by :func:`close_caches`).
-- A durablekv directory belongs to one process at a time. Several worker
-  processes (gunicorn, uWSGI) need one LOCATION each, or one
-  ``durablekv serve`` that all of them reach over HTTP (docs/django.md).
+- A durablekv directory belongs to one process at a time: a second process
+  opening the same LOCATION gets :class:`~durablekv.errors.CacheLockedError`.
+  Several worker processes (gunicorn, uWSGI) sharing one cache are not
+  supported yet (docs/django.md).
 - A location deleted under a live backend (tests do this) is noticed at the
   next operation: the old Cache is dropped quietly and a new, empty one opens.
 """
@@ -76,8 +77,9 @@ class _Location:
             self.cache = Cache(path, **options)
         except CacheLockedError as exc:
             exc.args = (f"{exc}; for Django: a durablekv directory belongs to one process "
-                        "at a time, so give each worker process its own LOCATION, or run "
-                        "`durablekv serve` and point the workers at it (docs/django.md)",)
+                        "at a time, so run one worker process per LOCATION (a LOCATION "
+                        "shared by several worker processes is not supported yet; "
+                        "docs/django.md)",)
             raise
         except (ConfigError, TypeError) as exc:
             raise ImproperlyConfigured(

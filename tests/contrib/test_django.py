@@ -309,4 +309,17 @@ def test_a_location_held_by_another_process_says_what_to_do(site):
     cache.set("k", 1)                                  # this process owns the directory
     proc = run_worker(site / "default", "get")
     assert proc.returncode != 0
-    assert f"{CacheLockedError.__name__}:" in proc.stderr and "durablekv serve" in proc.stderr
+    assert f"{CacheLockedError.__name__}:" in proc.stderr
+    assert "one worker process per LOCATION" in proc.stderr
+
+
+def test_the_docs_example_runs(tmp_path):
+    """docs/django.md's first example, as a user would paste it, in a new process."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "django.md").read_text()
+    example = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "example.py"
+    script.write_text(example + "\nprint('ok', cache.get('hits'))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ok 42\n" and proc.stderr == ""
