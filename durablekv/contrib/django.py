@@ -41,21 +41,16 @@ unchanged; docs/django.md lists the few deliberate differences.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import logging
 import os
 import pickle
-import re
-import threading
-import warnings
 from typing import Any, Iterable
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
 from ..cache import Cache
-from ..errors import CacheLockedError, ConfigError
+from ..errors import ConfigError
+from ._shared import Location, close_all, open_shared
 
 __all__ = ["DurableKVCache", "close_caches"]
 
@@ -64,159 +59,29 @@ _DJANGO_OPTIONS = ("MAX_ENTRIES", "CULL_FREQUENCY")
 _MISSING = object()
 
 
-class _Location:
-    """One open Cache on a directory, shared in this process."""
-
-    def __init__(self, path: str, options: dict[str, Any]) -> None:
-        self.path = path
-        self.options = options
-        _make_private_dirs(path)
-        st = os.stat(path)
-        self.ident = (st.st_dev, st.st_ino)
-        try:
-            self.cache = Cache(path, **options)
-        except CacheLockedError as exc:
-            exc.args = (f"{exc}; for Django: a durablekv directory belongs to one process "
-                        "at a time, so run one worker process per LOCATION (a LOCATION "
-                        "shared by several worker processes is not supported yet; "
-                        "docs/django.md)",)
-            raise
-        except (ConfigError, TypeError) as exc:
-            raise ImproperlyConfigured(
-                f"CACHES OPTIONS for {path!r}: {exc} (OPTIONS other than MAX_ENTRIES and "
-                "CULL_FREQUENCY are durablekv Cache arguments, see docs/api.md)") from exc
-        self._async = None
-        self._async_lock = threading.Lock()
-
-    def alive(self) -> bool:
-        """The directory this Cache opened is still there (not deleted or replaced)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return False
-        return (st.st_dev, st.st_ino) == self.ident and not self.cache.closed
-
-    def aio(self) -> Any:
-        """An :class:`~durablekv.aio.AsyncCache` over the shared Cache (made once)."""
-        if self._async is None:
-            with self._async_lock:
-                if self._async is None:
-                    from ..aio import AsyncCache
-                    self._async = AsyncCache.wrap(self.cache)
-        return self._async
-
-    def close(self) -> None:
-        """Flush and close (what the Cache says about a deleted directory is
-        dropped by :class:`_DeletedLocationFilter`)."""
-        if self._async is not None:
-            self._async._executor.shutdown(wait=False)
-        with contextlib.suppress(Exception):
-            self.cache.close()
+def _mismatch(path: str, have: dict, want: dict) -> Exception:
+    return ImproperlyConfigured(
+        f"two CACHES entries open {path!r} with different durablekv OPTIONS ({have} and "
+        f"{want}); one Cache serves a location, so give them the same OPTIONS "
+        "(MAX_ENTRIES and CULL_FREQUENCY may differ) or different LOCATIONs")
 
 
-class _DeletedLocationFilter(logging.Filter):
-    """Drops durablekv's log records about a Django location whose directory
-    was deleted under it (Django's tests do that; a user clearing a cache
-    directory too), and has that location's Cache closed off the thread that
-    logged. Records about any other cache pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not _locations and not _gone:
-            return True
-        try:
-            text = record.getMessage()
-        except Exception:       # a record that does not format: not ours to judge
-            return True
-        if any(_mentions(text, path) for path in list(_gone)):
-            return False
-        if any(_mentions(text, loc.path) and not loc.alive()
-               for loc in list(_locations.values())):
-            threading.Thread(target=_reap, name="durablekv-django-reap", daemon=True).start()
-            return False
-        return True
+_LOCKED_HINT = ("for Django: a durablekv directory belongs to one process at a time, so run "
+                "one worker process per LOCATION (a LOCATION shared by several worker "
+                "processes is not supported yet; docs/django.md)")
 
 
-_LOGGERS = ("durablekv", "durablekv.batcher", "durablekv.replaylog", "durablekv.store",
-            "durablekv.lifecycle")
-_filter = _DeletedLocationFilter()
-for _name in _LOGGERS:
-    logging.getLogger(_name).addFilter(_filter)
+def _location(path: str, options: dict[str, Any]) -> Location:
+    try:
+        return open_shared(path, options, mismatch=_mismatch, locked_hint=_LOCKED_HINT)
+    except (ConfigError, TypeError) as exc:
+        raise ImproperlyConfigured(
+            f"CACHES OPTIONS for {path!r}: {exc} (OPTIONS other than MAX_ENTRIES and "
+            "CULL_FREQUENCY are durablekv Cache arguments, see docs/api.md)") from exc
 
 
-def _reap() -> None:
-    """Close the Caches of locations whose directory is gone."""
-    with _locations_lock:
-        dead = [(path, loc) for path, loc in _locations.items() if not loc.alive()]
-        for path, _loc in dead:
-            del _locations[path]
-            _gone.add(path)
-    for _path, loc in dead:
-        loc.close()
-
-
-_locations: dict[str, _Location] = {}
-#: directories of locations deleted under their Cache: what their Caches
-#: log is dropped (until a new Cache opens there)
-_gone: set[str] = set()
-
-
-def _mentions(text: str, path: str) -> bool:
-    """``text`` names ``path`` or a file in it ("/a/b" is not in "/a/bc")."""
-    return re.search(re.escape(path) + r"(?![\w.-])", text) is not None
-_locations_lock = threading.Lock()
-
-
-def _location(path: str, options: dict[str, Any]) -> _Location:
-    """The shared Cache of ``path`` (opened, or reopened when its directory
-    was deleted or replaced)."""
-    _reap()     # a deleted location's Cache goes before it says so again
-    with _locations_lock:
-        loc = _locations.get(path)
-        if loc is not None:
-            if loc.alive():
-                if loc.options != options:
-                    raise ImproperlyConfigured(
-                        f"two CACHES entries open {path!r} with different durablekv OPTIONS "
-                        f"({loc.options} and {options}); one Cache serves a location, so give "
-                        "them the same OPTIONS (MAX_ENTRIES and CULL_FREQUENCY may differ) "
-                        "or different LOCATIONs")
-                return loc
-            del _locations[path]
-            loc.close()
-        loc = _locations[path] = _Location(path, options)
-        _gone.discard(path)
-        return loc
-
-
-def close_caches() -> None:
-    """Flush and close every location's Cache in this process (also run at
-    exit). A backend used afterwards opens its location again."""
-    with _locations_lock:
-        locs = list(_locations.values())
-        _locations.clear()
-        _gone.update(loc.path for loc in locs if not loc.alive())
-    for loc in locs:
-        loc.close()
-
-
-atexit.register(close_caches)
-
-
-def _make_private_dirs(path: str) -> None:
-    """Create ``path`` and its missing parents, each 0700 (as Django's
-    file-based cache does: other users must not read pickles)."""
-    missing = []
-    p = path
-    while not os.path.isdir(p):
-        missing.append(p)
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(d, 0o700)
-            os.chmod(d, 0o700)      # whatever the umask
+#: flush and close every location's Cache in this process (also run at exit)
+close_caches = close_all
 
 
 class DurableKVCache(BaseCache):
@@ -248,7 +113,7 @@ class DurableKVCache(BaseCache):
         # delete cache directories (OPTIONS {"warm": True} turns it on).
         options.setdefault("warm", False)
         self._options = options
-        self._loc: _Location | None = None
+        self._loc: Location | None = None
 
     # -- the shared Cache -------------------------------------------------------
 
