@@ -31,7 +31,7 @@ from typing import Any, Callable
 from ..cache import Cache
 from ..errors import CacheLockedError
 
-__all__ = ["Location", "open_shared", "close_all", "make_private_dirs"]
+__all__ = ["Location", "open_shared", "close_all", "make_private_dirs", "check_options"]
 
 
 class Location:
@@ -40,6 +40,7 @@ class Location:
     :ivar path: the directory (absolute).
     :ivar options: the Cache's keyword arguments.
     :ivar cache: the open :class:`~durablekv.Cache`.
+    :ivar lock: a lock for a backend's read-compare-write steps.
     """
 
     def __init__(self, path: str, options: dict[str, Any]) -> None:
@@ -49,6 +50,9 @@ class Location:
         st = os.stat(path)
         self.ident = (st.st_dev, st.st_ino)
         self.cache = Cache(path, **options)
+        #: for the few read-compare-write steps a backend needs beyond the
+        #: Cache's own atomic operations (aiocache's compare-and-set)
+        self.lock = threading.Lock()
         self._async: Any = None
         self._async_lock = threading.Lock()
 
@@ -194,3 +198,21 @@ def make_private_dirs(path: str) -> None:
         with contextlib.suppress(FileExistsError):
             os.mkdir(d, 0o700)
             os.chmod(d, 0o700)      # whatever the umask
+
+
+def check_options(owner: str, options: dict[str, Any], own: tuple[str, ...] = ()) -> None:
+    """Refuse, when a backend is built, keyword arguments neither it nor
+    :class:`~durablekv.Cache` takes (a backend opens its Cache lazily, so the
+    Cache's own check would come only at the first operation).
+
+    :raises TypeError: as Python's own, with the option probably meant.
+    """
+    import inspect
+
+    from ..config import unknown_options
+
+    known = {p for p in inspect.signature(Cache.__init__).parameters if p != "self"}
+    known.discard("directory")
+    unknown = {k: v for k, v in options.items() if k not in known}
+    if unknown:
+        raise unknown_options(owner, unknown, known | set(own))
