@@ -59,7 +59,25 @@ __all__ = [
 
 
 class DurableKVError(Exception):
-    """Root of every error raised by durablekv."""
+    """Root of every error raised by durablekv.
+
+    Every subclass pickles and unpickles as itself, with its message and
+    attributes, though most take other arguments than their message: an
+    error raised in a ``multiprocessing`` or ``concurrent.futures`` worker
+    reaches the parent as what it is (pickle calls ``cls(*args)`` by
+    default, which those ``__init__`` signatures refuse).
+    """
+
+    def __reduce__(self) -> tuple:
+        return _rebuild_error, (type(self), self.args, self.__dict__)
+
+
+def _rebuild_error(cls: type, args: tuple, state: dict) -> BaseException:
+    """An unpickled :class:`DurableKVError`: made without its ``__init__``."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class CacheLockedError(DurableKVError):

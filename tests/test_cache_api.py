@@ -1433,3 +1433,28 @@ def test_readme_error_kinds_bad_settings_are_config_errors_and_value_errors(tmp_
             c.set([1, 2], b"x")     # an unhashable key, as a dict refuses it
         with pytest.raises(ValueError):
             c.set("k", b"x", expire=-1)
+
+
+def test_every_durablekv_error_pickles_as_itself():
+    """An error raised in a multiprocessing or concurrent.futures worker must
+    reach the parent as what it is, message and attributes included."""
+    import inspect
+    import pickle
+
+    import durablekv.errors as errors
+
+    made = [errors.CacheLockedError("/var/c", 42), errors.CacheClosedError("/var/c", True),
+            errors.LogCorruptionError("/var/c/replay.log", 7, "bad CRC"),
+            errors.WriteBehindError("/var/c", OSError(28, "No space left on device")),
+            errors.RemoteTypeError(409, "not an int", "detail", "http://h/k"),
+            errors.ConfigError("page_size must be >= 1")]
+    classes = {c for c in vars(errors).values() if inspect.isclass(c)
+               and issubclass(c, errors.DurableKVError)}
+    assert {type(e) for e in made} <= classes
+    for exc in made:
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc) and back.args == exc.args
+        assert {k: repr(v) for k, v in vars(back).items()} == \
+            {k: repr(v) for k, v in vars(exc).items()}
+    locked = pickle.loads(pickle.dumps(made[0]))
+    assert (locked.path, locked.pid) == ("/var/c", 42)
