@@ -31,7 +31,8 @@ from typing import Any, Callable
 from ..cache import Cache
 from ..errors import CacheLockedError
 
-__all__ = ["Location", "open_shared", "close_all", "make_private_dirs", "check_options"]
+__all__ = ["Location", "open_shared", "close_all", "make_private_dirs", "check_options",
+           "delete_some"]
 
 
 class Location:
@@ -216,3 +217,16 @@ def check_options(owner: str, options: dict[str, Any], own: tuple[str, ...] = ()
     unknown = {k: v for k, v in options.items() if k not in known}
     if unknown:
         raise unknown_options(owner, unknown, known | set(own))
+
+
+def delete_some(cache: Cache, n: int) -> None:
+    """Delete ``n`` entries of ``cache`` (the first its iteration yields): the
+    culling of frameworks whose rule is a count, not an order."""
+    doomed = []
+    if n > 0:
+        for key in cache:
+            doomed.append(key)
+            if len(doomed) >= n:
+                break
+    for key in doomed:
+        cache.delete(key)

@@ -39,7 +39,7 @@ from cachelib.serializers import SimpleSerializer
 
 from ..cache import Cache
 from ..errors import ConfigError
-from ._shared import Location, close_all, open_shared
+from ._shared import Location, close_all, delete_some, open_shared
 
 __all__ = ["DurableKVCache", "close_caches"]
 
@@ -122,16 +122,7 @@ class DurableKVCache(BaseCache):
     def _prune(self, cache: Cache) -> None:
         if not self._threshold or cache._count <= self._threshold:
             return
-        over = len(cache) - self._threshold     # len() drops expired entries first
-        if over <= 0:
-            return
-        doomed = []
-        for key in cache:
-            if len(doomed) >= over:
-                break
-            doomed.append(key)
-        for key in doomed:
-            cache.delete(key)
+        delete_some(cache, len(cache) - self._threshold)   # len() drops expired ones first
 
     # -- cachelib's BaseCache -----------------------------------------------------
 

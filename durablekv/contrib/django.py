@@ -50,7 +50,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..cache import Cache
 from ..errors import ConfigError
-from ._shared import Location, close_all, open_shared
+from ._shared import Location, close_all, delete_some, open_shared
 
 __all__ = ["DurableKVCache", "close_caches"]
 
@@ -158,14 +158,7 @@ class DurableKVCache(BaseCache):
         if self._cull_frequency == 0:
             cache.clear()
             return
-        doomed = []
-        n = len(cache) // self._cull_frequency
-        for key in cache:
-            if len(doomed) >= n:
-                break
-            doomed.append(key)
-        for key in doomed:
-            cache.delete(key)
+        delete_some(cache, len(cache) // self._cull_frequency)
 
     def _store(self, key: str, value: Any, timeout: Any) -> None:
         data = self._dump(value)

@@ -20,6 +20,7 @@ from aiocache.serializers import PickleSerializer, StringSerializer  # noqa: E40
 from durablekv import CacheLockedError, ConfigError  # noqa: E402
 from durablekv.contrib import _shared  # noqa: E402
 from durablekv.contrib.aiocache import DurableKVCache  # noqa: E402
+from . import run_doc_example  # noqa: E402
 
 WORKER = Path(__file__).with_name("aiocache_worker.py")
 
@@ -191,10 +192,5 @@ def test_a_new_process_finds_what_was_cached_and_a_second_one_is_refused(tmp_pat
 
 
 def test_the_docs_example_runs(tmp_path):
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "aiocache.md").read_text()
-    example = doc.split("```python\n", 1)[1].split("```", 1)[0]
-    script = tmp_path / "example.py"
-    script.write_text(example + "\nprint('ok')\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = run_doc_example("aiocache.md", tmp_path, after="print('ok')")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", ""), proc.stderr

@@ -20,6 +20,7 @@ from freezegun import freeze_time  # noqa: E402
 from durablekv import CacheLockedError, ConfigError  # noqa: E402
 from durablekv.contrib import _shared  # noqa: E402
 from durablekv.contrib.cachelib import DurableKVCache  # noqa: E402
+from . import run_doc_example  # noqa: E402
 
 from . import flask_app  # noqa: E402
 
@@ -159,11 +160,7 @@ def test_a_restarted_flask_app_serves_the_cached_response(tmp_path):
     assert runs[0].stdout.startswith("stamp ") and runs[1].stdout == runs[0].stdout
 
 
-def test_the_docs_example_runs(tmp_path):
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "flask.md").read_text()
-    for i, example in enumerate(doc.split("```python\n")[1:3]):
-        script = tmp_path / f"example{i}.py"
-        script.write_text(example.split("```", 1)[0] + "\nprint('ok')\n")
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              timeout=120, cwd=tmp_path)
+def test_the_docs_examples_run(tmp_path):
+    for index in (0, 1):                        # Flask, then cachelib alone
+        proc = run_doc_example("flask.md", tmp_path, index=index, after="print('ok')")
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", ""), proc.stderr

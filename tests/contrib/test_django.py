@@ -34,6 +34,7 @@ from django.test import Client, override_settings  # noqa: E402
 
 from durablekv import CacheLockedError  # noqa: E402
 from durablekv.contrib import django as backend  # noqa: E402
+from . import run_doc_example  # noqa: E402
 
 from . import django_urls  # noqa: E402
 
@@ -315,11 +316,5 @@ def test_a_location_held_by_another_process_says_what_to_do(site):
 
 def test_the_docs_example_runs(tmp_path):
     """docs/django.md's first example, as a user would paste it, in a new process."""
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "django.md").read_text()
-    example = doc.split("```python\n", 1)[1].split("```", 1)[0]
-    script = tmp_path / "example.py"
-    script.write_text(example + "\nprint('ok', cache.get('hits'))\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "ok 42\n" and proc.stderr == ""
+    proc = run_doc_example("django.md", tmp_path, after="print('ok', cache.get('hits'))")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok 42\n", ""), proc.stderr

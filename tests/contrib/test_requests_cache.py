@@ -18,6 +18,7 @@ from freezegun import freeze_time  # noqa: E402
 
 from durablekv.contrib import _shared  # noqa: E402
 from durablekv.contrib.requests_cache import DurableKVBackend, DurableKVDict  # noqa: E402
+from . import run_doc_example  # noqa: E402
 
 from .http_origin import Origin  # noqa: E402
 
@@ -128,12 +129,7 @@ def test_a_new_process_still_hits(tmp_path, origin):
 
 
 def test_the_docs_example_runs(tmp_path, origin):
-    doc = (REPO / "docs" / "requests-cache.md").read_text()
-    example = doc.split("```python\n", 1)[1].split("```", 1)[0]
-    script = tmp_path / "example.py"
-    script.write_text(example.replace("https://httpbin.org/get", origin.url("/json"))
-                      + "\nprint('ok')\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = run_doc_example("requests-cache.md", tmp_path, after="print('ok')",
+                           replace=("https://httpbin.org/get", origin.url("/json")))
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", ""), proc.stderr
     assert origin.hits["/json"] == 1
