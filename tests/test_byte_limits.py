@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from durablekv import Cache, ShardedCache
 from durablekv.check import check_directory
 from durablekv.codec import encode_key
 from durablekv.errors import ConfigError
-from durablekv.pages import EMPTY, RESIDENT
+from durablekv.pages import EMPTY, RESIDENT, SLOTTED
 
 from .conftest import open_cache
 from .size_limit_writer import OPTIONS as WRITER_OPTIONS, value_of
@@ -97,8 +97,10 @@ def stored_blob_bytes(directory: Path) -> int:
 
 
 def stored_resident_bytes(cache: Cache) -> int:
-    """Stored bytes of the pages the store may not evict (resident ones)."""
-    ids = [pid for pid, p in cache._tier.pages.items() if p.state == RESIDENT]
+    """Stored bytes of the pages the store may not evict: those in memory and
+    not pending, resident in whole or (policy="midpoint") in part (SLOTTED:
+    the store holds the values memory does not)."""
+    ids = [pid for pid, p in cache._tier.pages.items() if p.state in (RESIDENT, SLOTTED)]
     if not ids:
         return 0
     conn = sqlite3.connect(f"file:{Path(cache.path) / 'pages.sqlite3'}?mode=ro", uri=True)
@@ -393,6 +395,10 @@ OPS = st.lists(st.one_of(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, page_size=st.sampled_from([1, 4]),
        policy=st.sampled_from(["lru", "tinylfu", "midpoint"]))
+# found in CI: midpoint keeps both 300 kB pages in memory in part (their values
+# only in the store), so the store may stay 46 bytes over its bound
+@example(ops=[("set", 1, 300_000), ("set", 0, 300_000), ("get", 1, 0), ("flush", 0, 0)],
+         page_size=1, policy="midpoint")
 def test_both_bounds_hold_and_no_value_is_stale(tmp_path_factory, ops, page_size, policy):
     d = tmp_path_factory.mktemp("prop")
     mem, disk = 200_000, 600_000
