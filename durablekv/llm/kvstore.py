@@ -194,8 +194,13 @@ def decode_block(block_hash: bytes, data: Any) -> np.ndarray:
     return _decode(block_hash, memoryview(data).cast("B")).copy()
 
 
-def _decode(block_hash: bytes, data: memoryview) -> np.ndarray:
-    """decode_block on a byte view; the array shares ``data``'s memory."""
+def _header(block_hash: bytes, data: memoryview) -> tuple:
+    """Parse a stored block's header: ``(dtype, shape, length, checksum,
+    version, head, payload_offset)``; ``head`` is the bytes the checksum
+    covers before the payload.
+
+    :raises KVBlockCorruptError: a header that does not parse.
+    """
     def bad(detail: str) -> KVBlockCorruptError:
         return KVBlockCorruptError(block_hash, detail)
 
@@ -223,7 +228,7 @@ def _decode(block_hash: bytes, data: memoryview) -> np.ndarray:
     pos += 4 * ndim
     (length,) = _U64.unpack_from(data, pos)
     pos += 8
-    head = data[:pos]
+    head = bytes(data[:pos])
     if version == _FILE_VERSION:
         if len(data) < pos + 8:
             raise bad("truncated header")
@@ -232,14 +237,28 @@ def _decode(block_hash: bytes, data: memoryview) -> np.ndarray:
     else:
         (checksum,) = _U32.unpack_from(data, pos)
         pos += 4
-    payload = data[pos:]
-    if len(payload) != length:
-        raise bad(f"payload is {len(payload)} bytes, the header says {length}")
     if length != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
         raise bad(f"payload of {length} bytes does not hold shape {shape} of {dtype}")
-    if (_xxh3(block_hash, head, payload) if version == _FILE_VERSION else
-            zlib.crc32(payload, zlib.crc32(head, zlib.crc32(block_hash)))) != checksum:
-        raise bad("checksum mismatch (bit flip, torn write, or stored under another hash)")
+    return dtype, shape, length, checksum, version, head, pos
+
+
+def _checksum_ok(block_hash: bytes, version: int, head: bytes, payload: Any,
+                 checksum: int) -> bool:
+    if version == _FILE_VERSION:
+        return _xxh3(block_hash, head, payload) == checksum
+    return zlib.crc32(payload, zlib.crc32(head, zlib.crc32(block_hash))) == checksum
+
+
+def _decode(block_hash: bytes, data: memoryview) -> np.ndarray:
+    """decode_block on a byte view; the array shares ``data``'s memory."""
+    dtype, shape, length, checksum, version, head, pos = _header(block_hash, data)
+    payload = data[pos:]
+    if len(payload) != length:
+        raise KVBlockCorruptError(block_hash, f"payload is {len(payload)} bytes, the header "
+                                  f"says {length}")
+    if not _checksum_ok(block_hash, version, head, payload, checksum):
+        raise KVBlockCorruptError(block_hash, "checksum mismatch (bit flip, torn write, or "
+                                  "stored under another hash)")
     return np.frombuffer(payload, dtype=dtype).reshape(shape)
 
 
@@ -407,12 +426,7 @@ class KVBlockStore:
         def bad(detail: str) -> KVBlockCorruptError:
             return KVBlockCorruptError(block_hash, detail)
 
-        if len(ref) != _REF_BYTES or zlib.crc32(ref[:_REF.size]) != _U32.unpack_from(
-                ref, _REF.size)[0]:
-            raise bad("a damaged block file reference")
-        _magic, version, size, crc = _REF.unpack_from(ref)
-        if version != 1:
-            raise bad(f"block file reference version {version}, this durablekv reads 1")
+        size, crc = self._check_ref(block_hash, ref)
         buf = bytearray(size)
         try:
             with open(self._path(block_hash), "rb", buffering=0) as f:
@@ -479,6 +493,87 @@ class KVBlockStore:
             return None
         self.hits += 1
         return kv
+
+    def get_into(self, block_hash: bytes, out: np.ndarray) -> bool:
+        """Read the block stored under ``block_hash`` into ``out`` (a writable,
+        C-contiguous array of the stored dtype and shape); True when it did.
+
+        A large block's file is read straight into ``out``'s memory (one copy
+        from the page cache); a block in the Cache is copied once. False for a
+        miss, a block of another dtype or shape (left stored: a layout miss,
+        not damage), or a damaged block (``on_corrupt="miss"``); ``out`` may
+        then hold part of a block and must not be used.
+
+        :raises KVBlockCorruptError: a damaged block with ``on_corrupt="raise"``.
+        :raises ValueError: ``out`` is not a writable, C-contiguous array.
+        """
+        if not (isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("get_into needs a writable, C-contiguous numpy array to fill")
+        data = self.cache.get(_check_hash(block_hash))
+        if data is None:
+            self.misses += 1
+            return False
+        try:
+            if isinstance(data, bytes) and data[:4] == _REF_MAGIC and self.block_dir:
+                found = self._get_file_into(block_hash, data, out)
+            else:
+                kv = _decode(block_hash, memoryview(data).cast("B"))
+                found = kv.dtype == out.dtype and kv.shape == out.shape
+                if found:
+                    np.copyto(out, kv)
+        except KVBlockCorruptError as exc:
+            self.drop_corrupt(exc)
+            return False
+        if found:
+            self.hits += 1
+        else:
+            self.misses += 1
+        return found
+
+    def _get_file_into(self, block_hash: bytes, ref: bytes, out: np.ndarray) -> bool:
+        """:meth:`get_into` for a block file: header, then the payload read
+        into ``out``; False when the stored layout is not ``out``'s."""
+        size, crc = self._check_ref(block_hash, ref)
+        path = self._path(block_hash)
+        head_len = size - out.nbytes
+        if not 0 < head_len <= 4096:
+            return False                 # another size: another layout
+        try:
+            f = open(path, "rb", buffering=0)
+        except FileNotFoundError:
+            raise KVBlockCorruptError(block_hash, f"its file {path} is missing") from None
+        with f:
+            head = bytearray(head_len)
+            if f.readinto(head) != head_len:
+                raise KVBlockCorruptError(block_hash, f"its file {path} is cut short")
+            dtype, shape, length, checksum, version, hbytes, pos = _header(
+                block_hash, memoryview(head))
+            if pos != head_len or dtype != out.dtype or tuple(shape) != out.shape:
+                return False
+            view = memoryview(out).cast("B")
+            if f.readinto(view) != length or f.read(1):
+                raise KVBlockCorruptError(block_hash, f"its file {path} is not {size} bytes")
+        if checksum != crc or not _checksum_ok(block_hash, version, hbytes, view, checksum):
+            raise KVBlockCorruptError(block_hash, "checksum mismatch (bit flip, torn write, "
+                                      "or another version of the block)")
+        with self._lock:
+            if block_hash in self._files:
+                self._files.move_to_end(block_hash)
+        return True
+
+    def _check_ref(self, block_hash: bytes, ref: bytes) -> tuple[int, int]:
+        """A block file reference's (file size, block checksum).
+
+        :raises KVBlockCorruptError: a damaged or unknown reference.
+        """
+        if len(ref) != _REF_BYTES or zlib.crc32(ref[:_REF.size]) != _U32.unpack_from(
+                ref, _REF.size)[0]:
+            raise KVBlockCorruptError(block_hash, "a damaged block file reference")
+        _magic, version, size, crc = _REF.unpack_from(ref)
+        if version != 1:
+            raise KVBlockCorruptError(block_hash, f"block file reference version {version}, "
+                                      "this durablekv reads 1")
+        return size, crc
 
     def drop_corrupt(self, exc: KVBlockCorruptError) -> None:
         """Handle a damaged block per ``on_corrupt`` (the pool calls this too

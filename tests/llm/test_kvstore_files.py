@@ -172,3 +172,27 @@ def test_block_files_need_xxhash_and_say_so(tmp_path, monkeypatch):
         store = KVBlockStore(cache, file_block_bytes=None)   # every block in the Cache
         store.put(HASHES[0], big(0))
         assert store.get(HASHES[0]).nbytes == MIB
+
+
+@pytest.mark.parametrize("file_block_bytes", [1024, None])     # a block file; a value
+def test_get_into_fills_the_callers_array(tmp_path, file_block_bytes):
+    with Cache(tmp_path / "kv") as cache:
+        store = KVBlockStore(cache, file_block_bytes=file_block_bytes)
+        kv = big(0, 8192)
+        store.put(HASHES[0], kv)
+        out = np.empty_like(kv)
+        assert store.get_into(HASHES[0], out) is True and out.tobytes() == kv.tobytes()
+        assert store.get_into(HASHES[1], out) is False                  # a miss
+        other = np.empty(kv.size, dtype=np.float32)                      # another shape
+        assert store.get_into(HASHES[0], other) is False and HASHES[0] in cache
+        assert store.get_into(HASHES[0], np.empty(kv.nbytes, dtype=np.uint8)) is False
+        with pytest.raises(ValueError, match="C-contiguous"):
+            store.get_into(HASHES[0], np.empty((8, 8), dtype=np.float32)[:, ::2])
+        if file_block_bytes:                                             # damage: a miss
+            path = tmp_path / "kv" / "kvblocks" / (HASHES[0].hex() + ".kvb")
+            data = bytearray(path.read_bytes())
+            data[-7] ^= 0x10
+            path.write_bytes(bytes(data))
+            with pytest.warns(KVBlockCorruptWarning):
+                assert store.get_into(HASHES[0], out) is False
+            assert HASHES[0] not in cache
