@@ -57,6 +57,7 @@ correct, and one bad block should not stop serving.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import threading
@@ -172,6 +173,37 @@ def _encode_parts(block_hash: bytes, kv: np.ndarray,
     return head + _U32.pack(crc), payload, crc
 
 
+#: bytes a block file is written and read in, each hashed while in the CPU cache
+_CHUNK = 256 << 10
+
+
+def _file_parts(block_hash: bytes, kv: np.ndarray) -> tuple[bytes, memoryview]:
+    """A block file's header up to its checksum, and the payload as a byte
+    view of ``kv`` (format version 2: the checksum is XXH3-64)."""
+    _check_hash(block_hash)
+    dtype = kv.dtype.newbyteorder("<") if kv.dtype.byteorder == ">" else kv.dtype
+    arr = np.ascontiguousarray(kv, dtype=dtype)
+    dstr = dtype.str.encode("ascii")
+    head = (_MAGIC + bytes([_FILE_VERSION, len(dstr)]) + dstr + bytes([kv.ndim])
+            + b"".join(_U32.pack(n) for n in kv.shape) + _U64.pack(arr.nbytes))
+    return head, memoryview(arr.reshape(-1)).cast("B")
+
+
+def _xxh3_state(*parts: Any) -> Any:
+    import xxhash   # the llm extra; KVBlockStore checks for it before writing files
+
+    h = xxhash.xxh3_64()
+    for part in parts:
+        h.update(part)
+    return h
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
 def _xxh3(*parts: Any) -> int:
     import xxhash   # the llm extra; KVBlockStore checks for it before writing files
 
@@ -237,7 +269,7 @@ def _header(block_hash: bytes, data: memoryview) -> tuple:
     else:
         (checksum,) = _U32.unpack_from(data, pos)
         pos += 4
-    if length != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+    if length != math.prod(shape) * dtype.itemsize:
         raise bad(f"payload of {length} bytes does not hold shape {shape} of {dtype}")
     return dtype, shape, length, checksum, version, head, pos
 
@@ -373,25 +405,30 @@ class KVBlockStore:
             self._files[h] = size
             self.file_bytes += size
 
-    def _put_file(self, block_hash: bytes, kv_array: np.ndarray, head: bytes,
-                  payload: memoryview, crc: int) -> None:
+    def _put_file(self, block_hash: bytes, kv_array: np.ndarray) -> None:
         """Write the block's file once (temporary name, fsync where the Cache's
-        durability asks, rename), then set its reference."""
+        durability asks, rename), then set its reference.
+
+        The payload goes out in chunks, each hashed just before it is
+        written, while it is in the CPU cache (one pass over memory, not
+        two); the header, which holds the checksum, is written last, at the
+        file's start."""
+        head, payload = _file_parts(block_hash, kv_array)
         path = self._path(block_hash)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         sync = getattr(self.cache, "durability", "log") in ("fsync", "sync")
-        size = len(head) + len(payload)
+        size = len(head) + 8 + len(payload)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
                      0o600)
         try:
-            views = [memoryview(head), payload]
-            while views:
-                n = os.writev(fd, views)
-                while views and n >= len(views[0]):
-                    n -= len(views[0])
-                    views.pop(0)
-                if views:
-                    views[0] = views[0][n:]
+            digest = _xxh3_state(block_hash, head)
+            offset = len(head) + 8
+            for start in range(0, len(payload), _CHUNK):
+                chunk = payload[start:start + _CHUNK]
+                digest.update(chunk)
+                _pwrite_all(fd, chunk, offset + start)
+            crc = digest.intdigest()
+            _pwrite_all(fd, memoryview(head + _U64.pack(crc)), 0)
             if sync:
                 os.fsync(fd)
         except BaseException:
@@ -465,8 +502,7 @@ class KVBlockStore:
         _check_hash(block_hash)
         if self.block_dir is not None and isinstance(kv_array, np.ndarray) and (
                 kv_array.nbytes >= self.file_block_bytes):
-            head, payload, crc = _encode_parts(block_hash, kv_array, _FILE_VERSION)
-            self._put_file(block_hash, kv_array, head, payload, crc)
+            self._put_file(block_hash, kv_array)
         else:
             self.cache.set(block_hash, encode_block(block_hash, kv_array))
             self._forget_file(block_hash)   # a smaller block replaced a file's
@@ -551,9 +587,18 @@ class KVBlockStore:
             if pos != head_len or dtype != out.dtype or tuple(shape) != out.shape:
                 return False
             view = memoryview(out).cast("B")
-            if f.readinto(view) != length or f.read(1):
+            digest = _xxh3_state(block_hash, hbytes) if version == _FILE_VERSION else None
+            for start in range(0, length, _CHUNK):
+                chunk = view[start:start + _CHUNK]
+                if f.readinto(chunk) != len(chunk):
+                    raise KVBlockCorruptError(block_hash, f"its file {path} is cut short")
+                if digest is not None:
+                    digest.update(chunk)         # while it is in the CPU cache
+            if f.read(1):
                 raise KVBlockCorruptError(block_hash, f"its file {path} is not {size} bytes")
-        if checksum != crc or not _checksum_ok(block_hash, version, hbytes, view, checksum):
+        ok = (digest.intdigest() == checksum if digest is not None
+              else _checksum_ok(block_hash, version, hbytes, view, checksum))
+        if checksum != crc or not ok:
             raise KVBlockCorruptError(block_hash, "checksum mismatch (bit flip, torn write, "
                                       "or another version of the block)")
         with self._lock:
