@@ -55,6 +55,9 @@ __all__ = ["DurableKVHiCacheStorage"]
 
 log = logging.getLogger("durablekv.llm.sglang")
 
+#: threads a batch's pages are read and written by
+IO_THREADS = 4
+
 #: extra-config keys this backend reads (beside SGLang's own)
 OPTIONS = ("durablekv_path", "durablekv_size_limit", "durablekv_max_pages",
            "durablekv_durability", "durablekv_file_page_bytes")
@@ -125,6 +128,7 @@ class DurableKVHiCacheStorage(HiCacheStorage):
             max_file_bytes=None if size_limit is None else int(size_limit))
         self.mem_pool_host: Any = None
         self._key_tail = f"|{self.suffix}|unregistered|unregistered"
+        self._threads: Any = None
         self.misses = self.hits = self.sets = self.rejected = 0
 
     # -- keys -------------------------------------------------------------------
@@ -163,8 +167,12 @@ class DurableKVHiCacheStorage(HiCacheStorage):
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
+        """:meth:`get` of each key into its target, the pages read by a few
+        threads at once (reads and checksums release the GIL)."""
         targets = target_locations or [None] * len(keys)
-        return [self.get(k, t) for k, t in zip(keys, targets)]
+        if len(keys) < 2:
+            return [self.get(k, t) for k, t in zip(keys, targets)]
+        return list(self._pool().map(self.get, keys, targets))
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> bool:
@@ -187,7 +195,19 @@ class DurableKVHiCacheStorage(HiCacheStorage):
     def batch_set(self, keys: List[str], values: Optional[Any] = None,
                   target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
-        return all([self.set(k, v) for k, v in zip(keys, values or [])])
+        """:meth:`set` of each page, written by a few threads at once; True
+        when every one was stored."""
+        values = list(values or [])
+        if len(keys) < 2:
+            return all([self.set(k, v) for k, v in zip(keys, values)])
+        return all(list(self._pool().map(self.set, keys, values)))
+
+    def _pool(self) -> Any:
+        if self._threads is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._threads = ThreadPoolExecutor(max_workers=IO_THREADS,
+                                               thread_name_prefix="durablekv-hicache")
+        return self._threads
 
     def exists(self, key: str) -> bool:
         return self._hash(key) in self.store
@@ -213,5 +233,8 @@ class DurableKVHiCacheStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Flush and close the Cache (SGLang calls this when it detaches the backend)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
         if not self.cache.closed:
             self.cache.close()
