@@ -198,3 +198,16 @@ def test_acknowledged_pages_survive_sigkill(tmp_path, seed):
     got = _read_pages(tmp_path / "kv", n)
     assert got[:acked] == _expected(n)[:acked]        # every acknowledged page, bit-exact
     assert all(g in ("miss", e) for g, e in zip(got[acked:], _expected(n)[acked:]))
+
+
+def test_size_limit_evicts_the_least_recently_used_pages(tmp_path):
+    page_bytes = 2 << 20                                    # files of their own
+    b = make_backend("durablekv", tmp_path / "kv", durablekv_size_limit=5 * page_bytes + 4096)
+    keys, pages = keys_and_pages(8, elems=page_bytes // 2)
+    for k, p in zip(keys, pages):
+        assert b.set(k, p)
+    assert b.store.file_bytes <= 5 * page_bytes + 4096
+    found = [b.get(k, torch.empty_like(p)) is not None for k, p in zip(keys, pages)]
+    assert found == [False] * 3 + [True] * 5                # the oldest three went
+    assert b.batch_exists(keys[3:]) == 5 and b.batch_exists(keys) == 0
+    b.close()
