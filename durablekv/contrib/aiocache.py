@@ -96,6 +96,7 @@ class DurableKVCache(BaseCache):
         self.directory = directory
         self._options = kwargs
         self._loc: Location | None = None
+        self._opening: Any = None      # the open in flight (a future), if any
 
     @classmethod
     def parse_uri_path(cls, path: str) -> dict[str, Any]:
@@ -103,13 +104,22 @@ class DurableKVCache(BaseCache):
         return {"directory": path} if path else {}
 
     async def _location(self) -> Location:
+        """The shared Location, opened on a worker thread at the first use.
+        Calls that arrive while it opens wait for that one open (single
+        flight), so concurrent first calls all proceed together when it is
+        ready, as they would on a backend that was open already."""
         loc = self._loc
-        if loc is None or not loc.alive():
-            loc = self._loc = await asyncio.get_running_loop().run_in_executor(
+        if loc is not None and loc.alive():
+            return loc
+        loop = asyncio.get_running_loop()
+        opening = self._opening
+        if opening is None or opening.done() or opening.get_loop() is not loop:
+            opening = self._opening = loop.run_in_executor(
                 None, lambda: open_shared(self.directory, self._options, mismatch=_mismatch,
                                           locked_hint="a durablekv directory belongs to one "
                                           "process at a time: give each process its own "
                                           "directory"))
+        loc = self._loc = await asyncio.shield(opening)
         return loc
 
     # -- stored form ----------------------------------------------------------------

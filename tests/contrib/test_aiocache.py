@@ -194,3 +194,25 @@ def test_a_new_process_finds_what_was_cached_and_a_second_one_is_refused(tmp_pat
 def test_the_docs_example_runs(tmp_path):
     proc = run_doc_example("aiocache.md", tmp_path, after="print('ok')")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok\n", ""), proc.stderr
+
+
+def test_concurrent_first_calls_share_one_open(tmp_path, monkeypatch):
+    """Calls arriving while the directory opens wait for that one open and go on
+    together (as on a backend open already): aiocache's cached_stampede counts
+    on both first gets missing."""
+    from durablekv.contrib import aiocache as backend
+
+    opens = []
+    real = backend.open_shared
+
+    def counting(*a, **k):
+        opens.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(backend, "open_shared", counting)
+
+    async def main():
+        c = DurableKVCache(directory=str(tmp_path / "c"))
+        first = await asyncio.gather(*(c.get("k") for _ in range(5)))
+        assert first == [None] * 5 and len(opens) == 1
+    run(main())
