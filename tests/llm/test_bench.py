@@ -91,7 +91,7 @@ def test_readme_numbers_are_the_committed_run():
     (the gains and latencies are in docs/llm.md, from the same run)."""
     r = json.loads((REPO / "docs" / "bench" / "llm.json").read_text())
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Scale-out and LLM KV blocks", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## As a service, scale-out and LLM KV blocks", 1)[1].split("\n## ", 1)[0]
     text = " ".join(section.split())
     assert f'{r["prefix_memory"]["prefix_hit_rate"]:.0%} in memory only' in text
     assert f'{r["prefix_durable"]["prefix_hit_rate"]:.0%} with the durable tier' in text
