@@ -476,10 +476,14 @@ class KVBlockStore:
         kv = _decode(block_hash, memoryview(buf))
         if _U64.unpack_from(buf, len(buf) - kv.nbytes - 8)[0] != crc:
             raise bad(f"its file {self._path(block_hash)} holds another version of the block")
+        self._touch(block_hash)
+        return kv
+
+    def _touch(self, block_hash: bytes) -> None:
+        """A block file was read: it is now the most recently used."""
         with self._lock:
             if block_hash in self._files:
                 self._files.move_to_end(block_hash)
-        return kv
 
     def _forget_file(self, block_hash: bytes) -> None:
         if self.block_dir is None:
@@ -515,20 +519,29 @@ class KVBlockStore:
 
         :raises KVBlockCorruptError: a damaged block with ``on_corrupt="raise"``.
         """
+        return self._read(block_hash, self._get_file, decode_block)
+
+    def _read(self, block_hash: bytes, from_file: Any, from_value: Any) -> Any:
+        """Look ``block_hash`` up and read it with ``from_file(hash, reference)``
+        or ``from_value(hash, stored bytes)``; their result, or None for a miss
+        (not stored, another layout, or damage handled by :meth:`drop_corrupt`).
+        Counts the hit or the miss."""
         data = self.cache.get(_check_hash(block_hash))
-        if data is None:
+        result = None
+        if data is not None:
+            try:
+                if isinstance(data, bytes) and data[:4] == _REF_MAGIC and self.block_dir:
+                    result = from_file(block_hash, data)
+                else:
+                    result = from_value(block_hash, data)
+            except KVBlockCorruptError as exc:
+                self.drop_corrupt(exc)       # counts the miss
+                return None
+        if result is None:
             self.misses += 1
-            return None
-        try:
-            if isinstance(data, bytes) and data[:4] == _REF_MAGIC and self.block_dir:
-                kv = self._get_file(block_hash, data)
-            else:
-                kv = decode_block(block_hash, data)
-        except KVBlockCorruptError as exc:
-            self.drop_corrupt(exc)
-            return None
-        self.hits += 1
-        return kv
+        else:
+            self.hits += 1
+        return result
 
     def get_into(self, block_hash: bytes, out: np.ndarray) -> bool:
         """Read the block stored under ``block_hash`` into ``out`` (a writable,
@@ -545,26 +558,16 @@ class KVBlockStore:
         """
         if not (isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable):
             raise ValueError("get_into needs a writable, C-contiguous numpy array to fill")
-        data = self.cache.get(_check_hash(block_hash))
-        if data is None:
-            self.misses += 1
-            return False
-        try:
-            if isinstance(data, bytes) and data[:4] == _REF_MAGIC and self.block_dir:
-                found = self._get_file_into(block_hash, data, out)
-            else:
-                kv = _decode(block_hash, memoryview(data).cast("B"))
-                found = kv.dtype == out.dtype and kv.shape == out.shape
-                if found:
-                    np.copyto(out, kv)
-        except KVBlockCorruptError as exc:
-            self.drop_corrupt(exc)
-            return False
-        if found:
-            self.hits += 1
-        else:
-            self.misses += 1
-        return found
+
+        def from_value(h: bytes, data: Any) -> bool | None:
+            kv = _decode(h, memoryview(data).cast("B"))
+            if kv.dtype != out.dtype or kv.shape != out.shape:
+                return None              # another layout: a miss, left stored
+            np.copyto(out, kv)
+            return True
+
+        return self._read(block_hash, lambda h, ref: self._get_file_into(h, ref, out) or None,
+                          from_value) is True
 
     def _get_file_into(self, block_hash: bytes, ref: bytes, out: np.ndarray) -> bool:
         """:meth:`get_into` for a block file: header, then the payload read
@@ -601,9 +604,7 @@ class KVBlockStore:
         if checksum != crc or not ok:
             raise KVBlockCorruptError(block_hash, "checksum mismatch (bit flip, torn write, "
                                       "or another version of the block)")
-        with self._lock:
-            if block_hash in self._files:
-                self._files.move_to_end(block_hash)
+        self._touch(block_hash)
         return True
 
     def _check_ref(self, block_hash: bytes, ref: bytes) -> tuple[int, int]:
