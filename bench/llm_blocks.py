@@ -24,8 +24,6 @@ and reports MB/s median (min..max) and the put ratio durablekv / file.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import sys
@@ -40,7 +38,7 @@ from durablekv import Cache
 from durablekv.llm.hashing import block_hashes
 from durablekv.llm.kvstore import KVBlockStore
 
-from .util import summarize
+from .util import rounds_main, span, summarize
 
 MIB = 1 << 20
 #: (block bytes, blocks per round): 64 MiB a round either way
@@ -152,10 +150,6 @@ def _size(n: int) -> str:
     return f"{n // MIB} MiB" if n % MIB == 0 else f"{n >> 10} KiB"
 
 
-def _fmt(s: dict[str, Any], digits: int = 0) -> str:
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
-
-
 def markdown(rows: list[dict[str, Any]], rounds: int) -> str:
     out = [f"`python -m bench.llm_blocks --rounds {rounds}`: MB/s, median (min..max) of "
            f"{rounds} rounds, each implementation first in turn; put includes the flush "
@@ -169,30 +163,22 @@ def markdown(rows: list[dict[str, Any]], rounds: int) -> str:
     for r in rows:
         out.append(
             f"| {_size(r['block_bytes'])} x {r['blocks']} | {r['durability']} | "
-            f"{_fmt(r['durablekv_put_mb_s'])} | {_fmt(r['in_cache_put_mb_s'])} | "
-            f"{_fmt(r['file_put_mb_s'])} | {_fmt(r['durablekv_put_ratio'], 2)} | "
-            f"{_fmt(r['in_cache_put_ratio'], 2)} | {_fmt(r['durablekv_get_mb_s'])} | "
-            f"{_fmt(r['in_cache_get_mb_s'])} | {_fmt(r['file_get_mb_s'])} | "
+            f"{span(r['durablekv_put_mb_s'])} | {span(r['in_cache_put_mb_s'])} | "
+            f"{span(r['file_put_mb_s'])} | {span(r['durablekv_put_ratio'], 2)} | "
+            f"{span(r['in_cache_put_ratio'], 2)} | {span(r['durablekv_get_mb_s'])} | "
+            f"{span(r['in_cache_get_mb_s'])} | {span(r['file_get_mb_s'])} | "
             f"{r['durablekv_disk_bytes'] / r['file_disk_bytes']:.2f}x / "
             f"{r['in_cache_disk_bytes'] / r['file_disk_bytes']:.2f}x |")
     return "\n".join(out) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+def _durability_option(ap):
     ap.add_argument("--durability", action="append", choices=("log", "fsync"))
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--markdown", type=Path)
-    ap.add_argument("--tmpdir")
-    args = ap.parse_args()
-    rows = run(args.rounds, tuple(args.durability or ("log", "fsync")), args.tmpdir)
-    text = markdown(rows, args.rounds)
-    print(text)
-    if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "rows": rows}, indent=2) + "\n")
-    if args.markdown:
-        args.markdown.write_text(text)
+    return lambda args: {"durabilities": tuple(args.durability or ("log", "fsync"))}
+
+
+def main() -> None:
+    rounds_main(__doc__, run, markdown, _durability_option)
 
 
 if __name__ == "__main__":

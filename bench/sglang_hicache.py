@@ -16,8 +16,6 @@ Needs torch and SGLang (``.ci/sglang/run`` installs the CPU builds):
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import sys
@@ -31,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.util import summarize  # noqa: E402
+from bench.util import rounds_main, span, summarize  # noqa: E402
 from tests.llm.sglang_pages import keys_and_pages, make_backend  # noqa: E402
 
 MIB = 1 << 20
@@ -97,10 +95,6 @@ def run(rounds: int, tmpdir: str | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(s: dict[str, Any], digits: int = 0) -> str:
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
-
-
 def markdown(rows: list[dict[str, Any]], rounds: int) -> str:
     out = [f"`python -m bench.sglang_hicache --rounds {rounds}`: median (min..max) of "
            f"{rounds} rounds, the two backends in turn; MB/s of `batch_set` (durablekv: "
@@ -111,27 +105,15 @@ def markdown(rows: list[dict[str, Any]], rounds: int) -> str:
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['page_bytes'] // MIB} MiB x {r['pages']} | "
-                   f"{_fmt(r['durablekv_set_mb_s'])} | {_fmt(r['file_set_mb_s'])} | "
-                   f"{_fmt(r['set_ratio'], 2)} | {_fmt(r['durablekv_get_mb_s'])} | "
-                   f"{_fmt(r['file_get_mb_s'])} | {_fmt(r['get_ratio'], 2)} | "
-                   f"{_fmt(r['durablekv_exists_us'])} | {_fmt(r['file_exists_us'])} |")
+                   f"{span(r['durablekv_set_mb_s'])} | {span(r['file_set_mb_s'])} | "
+                   f"{span(r['set_ratio'], 2)} | {span(r['durablekv_get_mb_s'])} | "
+                   f"{span(r['file_get_mb_s'])} | {span(r['get_ratio'], 2)} | "
+                   f"{span(r['durablekv_exists_us'])} | {span(r['file_exists_us'])} |")
     return "\n".join(out) + "\n"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--markdown", type=Path)
-    ap.add_argument("--tmpdir")
-    args = ap.parse_args()
-    rows = run(args.rounds, args.tmpdir)
-    text = markdown(rows, args.rounds)
-    print(text)
-    if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "rows": rows}, indent=2) + "\n")
-    if args.markdown:
-        args.markdown.write_text(text)
+    rounds_main(__doc__, run, markdown)
 
 
 if __name__ == "__main__":

@@ -234,3 +234,32 @@ def fsync_tree(directory: str) -> None:
 def chunks(seq: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i:i + n]
+
+
+def span(s: dict[str, Any], digits: int = 0) -> str:
+    """A summarize() result as ``median (min..max)``."""
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}..{s['max']:.{digits}f})"
+
+
+def rounds_main(doc: str, run: Callable[..., list], markdown: Callable[[list, int], str],
+                extra: Callable[[Any], dict] | None = None) -> None:
+    """The command line of a side-by-side bench run in rounds: ``--rounds``,
+    ``--json``, ``--markdown``, ``--tmpdir`` (and what ``extra`` adds to the
+    parser and returns as ``run``'s keyword arguments); prints the table."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--tmpdir")
+    more = extra(ap) if extra else None
+    args = ap.parse_args()
+    rows = run(args.rounds, tmpdir=args.tmpdir, **(more(args) if more else {}))
+    text = markdown(rows, args.rounds)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps({"rounds": args.rounds, "rows": rows}, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text)
