@@ -196,3 +196,28 @@ def test_get_into_fills_the_callers_array(tmp_path, file_block_bytes):
             with pytest.warns(KVBlockCorruptWarning):
                 assert store.get_into(HASHES[0], out) is False
             assert HASHES[0] not in cache
+
+
+def test_fsync_mode_syncs_the_file_and_its_directory_before_the_reference(tmp_path, monkeypatch):
+    """docs: under durability="fsync" a block file, then its directory, are
+    fsynced before the reference that names it is set."""
+    events = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    with Cache(tmp_path / "kv", durability="fsync") as cache:
+        store = KVBlockStore(cache, file_block_bytes=1024)
+        real_set = cache.set
+        monkeypatch.setattr(cache, "set", lambda *a, **k: (events.append(("set", a[0])),
+                                                            real_set(*a, **k))[1])
+        monkeypatch.setattr(os, "fsync", fsync)
+        store.put(HASHES[0], big(0, 8192))
+        monkeypatch.undo()
+    blocks = str(tmp_path / "kv" / "kvblocks")
+    order = [e for e in events if e[0] == "set" or e[1].startswith(blocks)]
+    assert order[0][0] == "fsync" and order[0][1].endswith(".tmp")      # the file
+    assert order[1] == ("fsync", blocks)                                  # its directory
+    assert order[2] == ("set", HASHES[0])                                 # then the reference
