@@ -108,13 +108,35 @@ class _DeletedLocationFilter(logging.Filter):
             text = record.getMessage()
         except Exception:       # a record that does not format: not ours to judge
             return True
+        if getattr(record, "_durablekv_rechecked", False):
+            return True
         if any(_mentions(text, path) for path in list(_gone)):
             return False
-        if any(_mentions(text, loc.path) and not loc.alive()
-               for loc in list(_locations.values())):
+        named = [loc for loc in list(_locations.values()) if _mentions(text, loc.path)]
+        if any(not loc.alive() for loc in named):
             threading.Thread(target=_reap, name="durablekv-contrib-reap", daemon=True).start()
             return False
+        if named and record.levelno >= logging.WARNING:
+            # The directory may be going right now (rmtree takes the files
+            # first): say it only if the directory is still there in a moment.
+            timer = threading.Timer(RECHECK_SECONDS, _recheck, (record, named))
+            timer.daemon = True
+            timer.start()
+            return False
         return True
+
+
+#: how long a warning about a shared directory waits, in case it is being deleted
+RECHECK_SECONDS = 0.5
+
+
+def _recheck(record: logging.LogRecord, named: list["Location"]) -> None:
+    """Emit a held warning unless its directory was deleted meanwhile."""
+    if any(not loc.alive() for loc in named):
+        _reap()
+        return
+    record._durablekv_rechecked = True
+    logging.getLogger(record.name).handle(record)
 
 
 _LOGGERS = ("durablekv", "durablekv.batcher", "durablekv.replaylog", "durablekv.store",

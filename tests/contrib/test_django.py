@@ -318,3 +318,21 @@ def test_the_docs_example_runs(tmp_path):
     """docs/django.md's first example, as a user would paste it, in a new process."""
     proc = run_doc_example("django.md", tmp_path, after="print('ok', cache.get('hits'))")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ok 42\n", ""), proc.stderr
+
+
+def test_a_warning_about_a_live_location_is_still_said(site, caplog, monkeypatch):
+    """The filter holds a warning that names a shared directory for a moment
+    (it may be being deleted) and then says it, if the directory is still there."""
+    import time
+
+    from durablekv.contrib import _shared
+
+    monkeypatch.setattr(_shared, "RECHECK_SECONDS", 0.01)
+    cache.set("k", 1)
+    where = str(site / "default")
+    with caplog.at_level(logging.WARNING, logger="durablekv"):
+        logging.getLogger("durablekv.batcher").warning("flush of %s failed: disk full", where)
+        deadline = time.monotonic() + 10
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records] == [f"flush of {where} failed: disk full"]
