@@ -47,7 +47,10 @@ def _one(kind: str, root: Path, keys: list[str], pages: list[torch.Tensor]) -> d
         if kind == "durablekv":
             backend.cache.flush()        # the references stored too, not only logged
         put = time.perf_counter() - t0
-        targets = [torch.empty_like(p) for p in pages]
+        # zero-filled, as SGLang allocates them (get_dummy_flat_data_page is a
+        # torch.zeros page; a host pool is touched memory): a first touch of
+        # fresh memory is page faults, not storage
+        targets = [torch.zeros_like(p) for p in pages]
         t0 = time.perf_counter()
         got = backend.batch_get(keys, targets)
         get = time.perf_counter() - t0

@@ -173,7 +173,7 @@ def _encode_parts(block_hash: bytes, kv: np.ndarray,
     return head + _U32.pack(crc), payload, crc
 
 
-#: bytes a block file is written and read in, each hashed while in the CPU cache
+#: bytes a block file is written in, each hashed while in the CPU cache
 _CHUNK = 256 << 10
 
 
@@ -578,27 +578,29 @@ class KVBlockStore:
         if not 0 < head_len <= 4096:
             return False                 # another size: another layout
         try:
-            f = open(path, "rb", buffering=0)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise KVBlockCorruptError(block_hash, f"its file {path} is missing") from None
-        with f:
-            head = bytearray(head_len)
-            if f.readinto(head) != head_len:
-                raise KVBlockCorruptError(block_hash, f"its file {path} is cut short")
-            dtype, shape, length, checksum, version, hbytes, pos = _header(
-                block_hash, memoryview(head))
-            if pos != head_len or dtype != out.dtype or tuple(shape) != out.shape:
-                return False
-            view = memoryview(out).cast("B")
-            digest = _xxh3_state(block_hash, hbytes) if version == _FILE_VERSION else None
-            for start in range(0, length, _CHUNK):
-                chunk = view[start:start + _CHUNK]
-                if f.readinto(chunk) != len(chunk):
-                    raise KVBlockCorruptError(block_hash, f"its file {path} is cut short")
-                if digest is not None:
-                    digest.update(chunk)         # while it is in the CPU cache
-            if f.read(1):
-                raise KVBlockCorruptError(block_hash, f"its file {path} is not {size} bytes")
+        head = bytearray(head_len)
+        view = memoryview(out).cast("B")
+        try:
+            # header and payload in one system call (the payload straight into
+            # ``out``, the GIL released for all of it); a byte past the end
+            # finds a file that is too long
+            got = os.preadv(fd, [head, view, bytearray(1)], 0)
+        finally:
+            os.close(fd)
+        if got != size:
+            raise KVBlockCorruptError(block_hash, f"its file {path} is "
+                                      f"{'cut short' if got < size else f'not {size} bytes'}")
+        dtype, shape, length, checksum, version, hbytes, pos = _header(
+            block_hash, memoryview(head))
+        if pos != head_len or dtype != out.dtype or tuple(shape) != out.shape:
+            return False
+        digest = None
+        if version == _FILE_VERSION:
+            digest = _xxh3_state(block_hash, hbytes)
+            digest.update(view)          # releases the GIL too
         ok = (digest.intdigest() == checksum if digest is not None
               else _checksum_ok(block_hash, version, hbytes, view, checksum))
         if checksum != crc or not ok:

@@ -77,16 +77,21 @@ def test_a_file_with_no_reference_is_deleted_at_open(tmp_path):
         assert store.file_bytes == (blocks / (HASHES[0].hex() + ".kvb")).stat().st_size
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated", "other version", "bit flip"])
-def test_a_damaged_file_is_a_miss_never_data(tmp_path, damage):
+@pytest.mark.parametrize("read", ["get", "get_into"])
+@pytest.mark.parametrize("damage", ["missing", "truncated", "extended", "other version",
+                                    "bit flip"])
+def test_a_damaged_file_is_a_miss_never_data(tmp_path, damage, read):
     with Cache(tmp_path / "kv") as cache:
         store = KVBlockStore(cache, file_block_bytes=1024)
-        store.put(HASHES[0], big(0, 8192))
+        kv = big(0, 8192)
+        store.put(HASHES[0], kv)
         path = tmp_path / "kv" / "kvblocks" / (HASHES[0].hex() + ".kvb")
         if damage == "missing":
             path.unlink()
         elif damage == "truncated":
             path.write_bytes(path.read_bytes()[:-10])
+        elif damage == "extended":
+            path.write_bytes(path.read_bytes() + b"\0")
         elif damage == "other version":   # a valid block file, not the one referenced
             ref = cache.get(HASHES[0])
             store.put(HASHES[0], big(1, 8192))
@@ -96,7 +101,10 @@ def test_a_damaged_file_is_a_miss_never_data(tmp_path, damage):
             data[-100] ^= 1
             path.write_bytes(bytes(data))
         with pytest.warns(KVBlockCorruptWarning, match=HASHES[0].hex()[:16]):
-            assert store.get(HASHES[0]) is None
+            if read == "get":
+                assert store.get(HASHES[0]) is None
+            else:
+                assert store.get_into(HASHES[0], np.empty_like(kv)) is False
         assert HASHES[0] not in cache and not path.exists()
         assert store.corrupt == 1
     with Cache(tmp_path / "kv") as cache:

@@ -152,6 +152,9 @@ def test_configuration_errors_name_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="durablekv_sise_limit"):
         DurableKVHiCacheStorage(storage_config({"durablekv_path": str(tmp_path),
                                                 "durablekv_sise_limit": 1}), {})
+    with pytest.raises(ConfigError, match="interface_v1"):
+        DurableKVHiCacheStorage(storage_config({"durablekv_path": str(tmp_path),
+                                                "interface_v1": 1}), {})
 
 
 def _worker(directory, what, n):
