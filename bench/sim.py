@@ -246,7 +246,7 @@ class _WTinyLFU:
     tier's ``policy="tinylfu"`` runs."""
 
     def __init__(self, capacity: int) -> None:
-        from durablekv.policy import FrequencySketch, WindowClimber
+        from durablekv.policies.tinylfu import FrequencySketch, WindowClimber
         self.cap = capacity
         self.climber = WindowClimber(capacity)
         self.wcap, self.pcap = self.climber.caps()

@@ -65,7 +65,7 @@ from .lifecycle import Lifecycle, _open_caches
 from .memoize import memoize as _memoize
 from .nowait import NoWait
 from .pages import HAS_TTL, RESIDENT, SLOTTED, MemoryTier, make_tier
-from .policy import check_policy
+from .policies import check_policy
 from .recovery import Recovery, _gc_paused
 from .logsegments import OP_CLEAR, OP_SET, _first_lsn_of, list_segments
 from .replaylog import ReplayLog

@@ -31,7 +31,7 @@ from . import __version__
 from .config import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
 from .lifecycle import remove_tree
-from .policy import POLICIES
+from .policies import POLICIES
 from .traces import FORMATS, open_trace, zipf_workload
 
 __all__ = ["main", "replay"]

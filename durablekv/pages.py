@@ -38,12 +38,10 @@ access). The design is a database buffer pool shrunk to key/value entries
 
 from __future__ import annotations
 
-from heapq import heappop, heappush, heapify, heapreplace
-from functools import partial
 from itertools import accumulate, chain, count, islice, repeat
 from typing import Any, Iterator, Sequence
 
-from .policy import TinyLFU, check_policy, counted_page_class
+from .policies import check_policy, make_policy
 
 __all__ = ["Page", "MemoryTier", "EMPTY", "HAS_TTL", "PAGE_BYTES_LIMIT", "UNLOADED", "make_tier"]
 
@@ -168,29 +166,17 @@ class MemoryTier:
         fault), or None for no byte bound. With a bound, a new entry starts
         a new page rather than take the open page past ``max_bytes``, so only
         a page holding one entry bigger than the bound can pass it alone.
-    :param policy: ``"lru"`` (the heap below) or ``"tinylfu": victims chosen
-        by a :class:`durablekv.policy.TinyLFU` (W-TinyLFU over pages; pages
-        are then a subclass whose ``stamp`` store also counts the access in
-        its frequency sketch). Dirty victims go pending either way.
+    :param policy: the replacement policy's name, ``"lru"`` or ``"tinylfu"``
+        (:func:`durablekv.policies.make_policy` builds it; it chooses the
+        pages that leave). Dirty victims go pending either way.
 
     Public attributes are read directly by the cache's hot path:
     ``table`` (key -> page-table entry, see below), ``ticks`` (the recency clock: an access
     sets ``page.stamp = next(ticks)``), ``pages`` (page_id -> Page for every
     page in memory), ``dirty`` (page_id -> Page, in the order they became
-    dirty).
-
-    LRU order: every access stamps its page with the next tick, an integer
-    store instead of moving a list node. Resident pages sit in a min-heap by
-    the stamp they had when they were filed there; to evict, the top page is
-    taken if its stamp is still the filed one, else re-filed under its
-    current stamp (lazy promotion, as in a timestamp-ordered LRU heap). The
-    victim is always the page with the smallest stamp: an exact LRU, so
-    ``page_size=1`` behaves exactly like an entry-level LRU. (Exact in the
-    order the touches are stored: a get touches without the lock, and a
-    thread switched out between drawing its tick and storing it can store
-    an older tick over a newer one, so that page looks older than it is.) Each resident
-    page has one live heap entry; entries of pages that left residency are
-    dropped when they surface (or when the heap is rebuilt).
+    dirty). ``page.heap_stamp`` is the stamp a resident page is filed under
+    in its policy's order (-1: none); a policy re-files a page touched since
+    lazily, when it surfaces as a victim (:mod:`durablekv.policies.lru`).
 
     Page-table entries: ``(page, slot, value)``, where ``value`` is
     ``page.values[slot]`` while the slot has no expiry, else
@@ -222,10 +208,8 @@ class MemoryTier:
         # (Cache(size_limit=) sets track_departures; the write-behind takes them)
         self.track_departures = False
         self.departed: list[int] = []
-        self.policy_name = check_policy(policy)
         self.table: dict[Any, tuple | list] = {}
         self.pages: dict[int, Page] = {}
-        self.heap: list[tuple[int, Page]] = []  # (filed stamp, page), see above
         # The LRU clock. Cache.get's lock-free memory hit draws one tick
         # and nothing else, so its hits are the ticks drawn minus those
         # drawn under the cache lock (counted here): one C call per hit.
@@ -241,16 +225,10 @@ class MemoryTier:
         self.page_faults = 0
         self.evicted: list[Page] = []  # scratch: pages evicted by the last call
         self._all_slots = list(range(page_size))
-        self.policy: TinyLFU | None = None
-        self._new_page: Any = Page
-        if policy == "tinylfu":
-            self.policy = TinyLFU(self)
-            if max_bytes is None:
-                self._new_page = partial(counted_page_class(Page), sketch=self.policy.sketch)
-            else:   # segments weighed in bytes: pages report their nbytes changes
-                self._new_page = partial(counted_page_class(Page, weighted=True),
-                                         sketch=self.policy.sketch,
-                                         weights=self.policy.weights)
+        #: the replacement policy (:mod:`durablekv.policies`): the order in
+        #: which resident pages leave
+        self.policy = make_policy(policy, self)
+        self._new_page: Any = self.policy.page_factory(Page)
 
     # -- residency -------------------------------------------------------------
 
@@ -309,23 +287,7 @@ class MemoryTier:
             self.locked_ticks += 1
         self.resident += 1
         self.resident_bytes += page.nbytes
-        if self.policy is not None:
-            # not counted: a fault counts its access (fault_pending, install),
-            # a new page the insert that follows
-            page.set_stamp_uncounted(stamp)
-            page.heap_stamp = stamp
-            self.policy.admit(page)
-            if self.policy.heap_entries() > 2 * self.resident + 64:
-                self.policy.rebuild()
-            return
-        page.stamp = page.heap_stamp = stamp
-        heappush(self.heap, (stamp, page))
-        while self.resident > self.max_pages:
-            self._evict(self._pop_lru())
-        if self.max_bytes is not None and self.resident_bytes > self.max_bytes:
-            self.shrink(page)
-        if len(self.heap) > 2 * self.resident + 64:
-            self._rebuild_heap()
+        self.policy.admit(page, stamp)
 
     def over(self) -> bool:
         """Whether the resident pages pass either bound (pages or bytes)."""
@@ -337,40 +299,8 @@ class MemoryTier:
         """Evict by the policy until ``resident_bytes <= max_bytes`` or one
         page is left; ``keep`` (the page the caller is using, just touched) is
         the last to go, so it stays."""
-        if self.max_bytes is None:
-            return
-        if self.policy is not None:
+        if self.max_bytes is not None:
             self.policy.shrink(keep)
-            return
-        while self.resident_bytes > self.max_bytes and self.resident > 1:
-            self._evict(self._pop_lru())
-
-    def _pop_lru(self) -> Page:
-        """Take the least recently used resident page out of the heap."""
-        heap = self.heap
-        while True:
-            filed, page = heap[0]
-            if page.heap_stamp != filed:
-                heappop(heap)  # the page left residency after this entry was filed
-            elif (stamp := page.stamp) != filed:
-                # used since it was filed: re-file it under its current stamp
-                # (read once: a get touches pages without the lock, and the
-                # heap entry must match heap_stamp)
-                page.heap_stamp = stamp
-                heapreplace(heap, (stamp, page))
-            else:
-                heappop(heap)
-                page.heap_stamp = -1
-                return page
-
-    def _rebuild_heap(self) -> None:
-        """Drop the entries of pages no longer resident (O(resident pages))."""
-        live = [(p.stamp, p) for p in self.pages.values()
-                if p.state == RESIDENT and p.heap_stamp >= 0]
-        for stamp, p in live:
-            p.heap_stamp = stamp
-        heapify(live)
-        self.heap = live
 
     def lru_order(self) -> list[Page]:
         """Resident pages, least recently used first (O(n log n); for tests
@@ -384,8 +314,7 @@ class MemoryTier:
         page.heap_stamp = -1
         self.resident -= 1
         self.resident_bytes -= page.nbytes
-        if self.policy is not None:
-            self.policy.left(page)
+        self.policy.left(page)
 
     def _evict(self, page: Page) -> None:
         self.resident -= 1
@@ -438,8 +367,7 @@ class MemoryTier:
             self.make_resident(page, warm_stamp)
             return page
         self.page_faults += 1
-        if self.policy is not None:
-            self.policy.sketch.increment(page_id)
+        self.policy.count_fault(page_id)
         self.make_resident(page)
         return page
 
@@ -470,8 +398,7 @@ class MemoryTier:
     def fault_pending(self, page: Page) -> None:
         """Take a pending page back from the write-behind queue (a page fault)."""
         self.page_faults += 1
-        if self.policy is not None:
-            self.policy.sketch.increment(page.page_id)
+        self.policy.count_fault(page.page_id)
         self.make_resident(page)
 
     # -- changes ---------------------------------------------------------------
@@ -624,7 +551,7 @@ class MemoryTier:
         """
         ps = self.page_size
         open_page = self.open_page
-        if (self.policy is not None or self.free or type(keys) is not list
+        if (not self.policy.bulk_admit or self.free or type(keys) is not list
                 or type(held) is not list or type(expires) is not list
                 or (open_page is not None and open_page.used < ps)):
             return i
@@ -668,8 +595,7 @@ class MemoryTier:
         pids = range(pid0, pid0 + m)
         self.pages.update(zip(pids, pages))
         self.dirty.update(zip(pids, pages))
-        # every filed stamp is above those in the heap: appending keeps it a heap
-        self.heap.extend(zip(stamps[::2], pages))
+        self.policy.admit_fresh(stamps[::2], pages)
         self.resident += m
         self.resident_bytes += sums[m * ps]
         if es.count(None) != len(es):
@@ -730,9 +656,7 @@ class MemoryTier:
         """Forget every page (the store is wiped separately)."""
         self.table.clear()
         self.pages.clear()
-        self.heap.clear()
-        if self.policy is not None:
-            self.policy.clear()
+        self.policy.clear()
         self.resident = 0
         self.resident_bytes = 0
         self.departed.clear()

@@ -222,7 +222,7 @@ def tier_layout(tier: MemoryTier, times: bool = True) -> dict:
     table = [(key(k), e[0].page_id, e[1], "HAS_TTL" if e[2] is HAS_TTL else val(e[2]),
               type(e).__name__) for k, e in tier.table.items()]
     return dict(pages=pages, table=table,
-                heap=[(stamp, p.page_id) for stamp, p in tier.heap],
+                heap=[(stamp, p.page_id) for stamp, p in getattr(tier.policy, "heap", [])],
                 dirty=list(tier.dirty), free=list(tier.free),
                 open_page=tier.open_page and tier.open_page.page_id,
                 next_page_id=tier.next_page_id, resident=tier.resident,

@@ -183,7 +183,7 @@ def test_clear_forgets_everything_but_page_ids_keep_growing():
     for k in range(7):
         t.insert(k, k, None, 0.0, 1, 10)
     t.clear()
-    assert (t.table, t.pages, t.dirty, t.free, t.resident, len(t.heap), t.pending) == ({}, {}, {}, [], 0, 0, 0)
+    assert (t.table, t.pages, t.dirty, t.free, t.resident, len(t.policy.heap), t.pending) == ({}, {}, {}, [], 0, 0, 0)
     t.insert("x", 1, None, 0.0, 1, 10)
     assert t.table["x"][0].page_id == 5
 
@@ -272,7 +272,7 @@ def test_tier_evicts_the_least_recently_used_page_with_deletes(ops, page_size, c
             flush_all(t)
         resident = [p for p in t.pages.values() if p.state == RESIDENT]
         assert t.resident == len(resident) == len(t.lru_order()) <= capacity
-        assert len(t.heap) <= 2 * t.resident + 65
+        assert len(t.policy.heap) <= 2 * t.resident + 65
     assert all(used == oldest for used, oldest in victims)
     assert t.evictions == len(victims)
     check_table(t)

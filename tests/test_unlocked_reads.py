@@ -274,7 +274,7 @@ def test_hits_are_counted_exactly_whatever_else_draws_lru_ticks(cache_dir, seed)
 def _check_lru_heap(tier: MemoryTier) -> None:
     """Every resident page has exactly the heap entry its heap_stamp names."""
     live = {}
-    for filed, page in tier.heap:
+    for filed, page in tier.policy.heap:
         if page.heap_stamp == filed:
             assert page.page_id not in live, "two live heap entries for one page"
             live[page.page_id] = page
@@ -345,7 +345,7 @@ def test_a_page_touched_while_it_is_re_filed_keeps_one_live_heap_entry():
     page.stamp = 9            # touched since it was filed under 5
     page.heap_stamp = 5
     tier.pages[1] = page
-    heappush(tier.heap, (5, page))
+    heappush(tier.policy.heap, (5, page))
     tier.resident = 1
     other = Page(2, 1)
     tier.pages[2] = other

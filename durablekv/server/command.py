@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
-from ..policy import POLICIES
+from ..policies import POLICIES
 
 __all__ = ["add_arguments", "run", "TOKEN_ENV", "read_token", "is_loopback"]
 

@@ -1,9 +1,9 @@
-"""Replacement policies of the memory tier: ``"lru"`` and ``"tinylfu"``.
+"""``policy="tinylfu"``: W-TinyLFU over the memory tier's pages.
 
-Pure data structures, no threads, no I/O (like pages.py, whose
-:class:`~durablekv.pages.MemoryTier` delegates its victim choice to a
-:class:`TinyLFU` when ``policy="tinylfu"``; under ``"lru"`` the tier keeps
-its own page heap and no object of this module is on any path).
+Pure data structures, no threads, no I/O. :class:`TinyLFU` is the policy
+object (:class:`~durablekv.policies.base.EvictionPolicy`); the tier builds
+its pages with :meth:`TinyLFU.page_factory`, so that every touch of a page
+is counted in the frequency sketch.
 
 W-TinyLFU, as in Caffeine (Einziger, Friedman, Manes, "TinyLFU: A Highly
 Efficient Cache Admission Policy", ACM TOS 2017):
@@ -56,29 +56,15 @@ lock.
 
 from __future__ import annotations
 
+from functools import partial
 from heapq import heapify, heappop, heappush, heapreplace
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
-__all__ = ["FrequencySketch", "TinyLFU", "WindowClimber", "POLICIES", "check_policy", "counted_page_class",
+__all__ = ["FrequencySketch", "TinyLFU", "WindowClimber", "counted_page_class",
            "window_split"]
-
-#: The policy names ``Cache(policy=...)`` takes.
-POLICIES = ("lru", "tinylfu", "midpoint")
 
 #: ``bytes.translate`` table halving every counter (the sketch's aging).
 _HALVE = bytes(i >> 1 for i in range(256))
-
-
-def check_policy(policy: Any) -> str:
-    """Return ``policy`` if it names a replacement policy.
-
-    :raises durablekv.errors.ConfigError: it does not.
-    """
-    if policy not in POLICIES:
-        from .errors import ConfigError
-        raise ConfigError(f"policy={policy!r}: expected one of {', '.join(map(repr, POLICIES))}; "
-                          "use policy='lru' (the default), 'tinylfu' or 'midpoint'")
-    return policy
 
 
 def window_split(capacity: int) -> tuple[int, int]:
@@ -321,9 +307,11 @@ class TinyLFU:
     being admitted is never the one that leaves, so a caller can use a page
     right after ``make_resident``.
 
-    :param tier: the :class:`~durablekv.pages.MemoryTier` (reads ``max_pages``,
+    :param tier: the :class:`~durablekv.tier.pages.MemoryTier` (reads ``max_pages``,
         ``max_bytes``, ``ticks``, ``resident``; calls ``_evict``).
     """
+
+    bulk_admit = False
 
     def __init__(self, tier: Any) -> None:
         self.tier = tier
@@ -420,9 +408,32 @@ class TinyLFU:
         """Evict ``page`` (already out of its heap) through the tier."""
         self.tier._evict(page)
 
-    def admit(self, page: Any) -> None:
-        """``page`` just became resident (the tier counted it in ``resident`` and
-        set its stamp): file it in the window and evict until the tier fits."""
+    def page_factory(self, page_cls: type) -> Callable[..., Any]:
+        """Pages whose ``stamp`` store counts the access in :attr:`sketch`
+        (and, with a byte bound, whose ``nbytes`` store keeps :attr:`weights`)."""
+        if self.weighted:
+            return partial(counted_page_class(page_cls, weighted=True),
+                           sketch=self.sketch, weights=self.weights)
+        return partial(counted_page_class(page_cls), sketch=self.sketch)
+
+    def count_fault(self, page_id: int) -> None:
+        self.sketch.increment(page_id)
+
+    def admit_fresh(self, stamps: Any, pages: Any) -> None:
+        raise TypeError("TinyLFU admits one page at a time (bulk_admit is False)")
+
+    def admit(self, page: Any, stamp: float) -> None:
+        """``page`` just became resident (the tier counted it in ``resident``):
+        file it in the window under ``stamp`` and evict until the tier fits.
+        Becoming resident is not an access: a fault counts its access
+        (:meth:`count_fault`), a new page the insert that follows."""
+        page.set_stamp_uncounted(stamp)
+        page.heap_stamp = stamp
+        self._admit(page)
+        if self.heap_entries() > 2 * self.tier.resident + 64:
+            self.rebuild()
+
+    def _admit(self, page: Any) -> None:
         self._file(page, WINDOW, page.heap_stamp)
         tier = self.tier
         sketch = self.sketch
