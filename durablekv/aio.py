@@ -42,7 +42,7 @@ from typing import Any, AsyncIterator, Callable
 from .cache import Cache
 from .config import NOWAIT_UNSURE
 from .errors import CacheNotOpenError
-from .pages import HAS_TTL, RESIDENT, SLOTTED
+from .tier.pages import HAS_TTL, RESIDENT, SLOTTED
 from .stats import CacheStats
 from . import codec as _codec
 

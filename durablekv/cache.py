@@ -64,7 +64,7 @@ from .keyfilter import KeyFilter
 from .lifecycle import Lifecycle, _open_caches
 from .memoize import memoize as _memoize
 from .nowait import NoWait
-from .pages import HAS_TTL, RESIDENT, SLOTTED, MemoryTier, make_tier
+from .tier import HAS_TTL, RESIDENT, SLOTTED, MemoryTier, make_tier
 from .policies import check_policy
 from .recovery import Recovery, _gc_paused
 from .logsegments import OP_CLEAR, OP_SET, _first_lsn_of, list_segments
@@ -372,8 +372,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._tier = make_tier(store.page_size, max_pages, self.policy,
                                max_bytes=self.max_memory_bytes)
         self._tier.track_departures = self.size_limit is not None
-        if self.policy == "midpoint":
-            self._tier.fill_open = self._whole
+        self._tier.fill_open = self._whole
         self._store_evictions = 0
         self._store_stuck: tuple[int, int] | None = None  # see WriteBack._store_evicted
         # the tier's page table and LRU, for the hot path (never replaced:
@@ -529,7 +528,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                         return v if type(v) is not _Frozen else self._codec.decode(v.blob)
                     if page.state == SLOTTED:
                         # policy="midpoint": only a young entry is hit without
-                        # the lock (an old one moves; durablekv/midpoint.py)
+                        # the lock (an old one moves; durablekv/tier/midpoint.py)
                         stamps, slot = page.stamps, ref[1]
                         if stamps[slot] > 0:
                             stamps[slot] = next(self._ticks)

@@ -31,7 +31,7 @@ from . import __version__
 from .config import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
 from .lifecycle import remove_tree
-from .policies import POLICIES
+from .policies import POLICIES, is_exact_lru, residency
 from .traces import FORMATS, open_trace, zipf_workload
 
 __all__ = ["main", "replay"]
@@ -230,6 +230,10 @@ def replay(trace: Any, directory: str, *, page_size: int | None = None, max_page
     return report
 
 
+#: what an eviction from memory counts, by the tier's residency
+_UNITS = {"page": "pages", "entry": "entries"}
+
+
 def _print_report(r: dict[str, Any], out=None) -> None:
     def pct(x: float) -> str:
         return f"{100 * x:6.2f} %"
@@ -241,14 +245,15 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         tier = (f"the memory tier holds at most {slots:,} entries and "
                 f"{r['max_memory_bytes']:,} bytes of them; an entry-count LRU of the same "
                 f"memory holds as many entries as fit in those bytes")
-    elif r.get("policy") == "midpoint":
+    elif residency(r.get("policy", "lru")) == "entry":
         # residency per entry: the budget is max_pages x page_size entries
         compare = f"<- compare this one with an LRU cache of {slots:,} entries"
         tier = (f"the memory tier holds at most {slots:,} entries (midpoint: residency per "
                 f"entry, a page fault's neighbours entering at the midpoint)")
     elif r["page_size"] == 1:
         compare = f"<- compare this one with an LRU cache of {slots:,} entries"
-        tier = ("the memory tier is exactly such an LRU" if r.get("policy", "lru") == "lru"
+        tier = ("the memory tier is exactly such an LRU"
+                if is_exact_lru(r.get("policy", "lru"), r["page_size"])
                 else f"the memory tier runs {r['policy']} over {slots:,} entries")
     else:
         # A page fault brings back a whole page from the store, so a faulted
@@ -284,7 +289,7 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         f"hits               memory {r['memory_hits']:,}, store {r['store_hits']:,}, "
         f"misses {r['misses']:,}",
         f"evictions          {r['evictions']:,} "
-        f"{'entries' if r.get('policy') == 'midpoint' else 'pages'} from memory, "
+        f"{_UNITS[residency(r.get('policy', 'lru'))]} from memory, "
         f"{r.get('store_evictions', 0):,} from the store",
         f"memory bytes       {r.get('memory_bytes', 0):,} resident "
         f"(max_memory_bytes {bound(r.get('max_memory_bytes'))})",

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 from . import codec as _codec
 from ._perms import DIR_MODE
 from .errors import ConfigError
-from .pages import PAGE_BYTES_LIMIT
+from .tier.pages import PAGE_BYTES_LIMIT
 from .stores.pageformat import PAGE_SIZE_MAX
 
 

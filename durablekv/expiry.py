@@ -13,7 +13,7 @@ import time
 from typing import Any, Sequence
 
 from .config import _OPEN, _REAL_MONOTONIC, _expire_args_refused
-from .pages import HAS_TTL
+from .tier.pages import HAS_TTL
 
 
 #: The expiry sweep takes the cache lock once per this many stored pages
@@ -133,7 +133,7 @@ class Expiry:
             # policy="midpoint": expiring an entry of a page in memory in part
             # reads the rest of the page in, and with it maybe more expired
             # entries (each page is read in once, so this ends)
-            if not doomed or self.policy != "midpoint":
+            if not doomed or not self._tier.per_entry:
                 return removed
 
     def _sweep_expired(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 from . import codec as _codec
 from .config import _U32_PACK
 from .errors import CorruptStoreError
-from .pages import UNLOADED, Page
+from .tier.pages import UNLOADED, Page
 from .stores.pageformat import (ASCII_KEYS, INT_KEYS, RAW_BYTES, entry_sizes, page_columns,
                                 split_page)
 from .stores.sqlitefile import mark_damaged
@@ -94,7 +94,7 @@ class PageFaults:
         ``for_write``: under ``"midpoint"``, take the entries in doomed, for a
         caller that changes the page at once, so none can leave memory
         before the change makes the page dirty: see
-        :meth:`~durablekv.midpoint.MidpointTier.settle` if it does not)."""
+        :meth:`~durablekv.tier.midpoint.MidpointTier.settle` if it does not)."""
         if row is None:
             row = self._store.read_page(pid)
         slots, keys, values, expires = self._decode_page(pid, row)
@@ -113,7 +113,7 @@ class PageFaults:
               want: Any = UNLOADED, for_write: bool = False) -> None:
         """Read the unloaded entries of ``page`` (in memory in part, under
         ``policy="midpoint"``) back in from its stored copy (``row`` if
-        already read); see :meth:`durablekv.midpoint.MidpointTier.fill`.
+        already read); see :meth:`durablekv.tier.midpoint.MidpointTier.fill`.
 
         :raises CorruptStoreError: the stored page is missing, damaged, or
             disagrees with the entries in memory (the store is marked damaged).

@@ -13,7 +13,7 @@ from collections.abc import ItemsView, KeysView, ValuesView
 from typing import Any, Iterator
 
 from . import codec as _codec
-from .pages import HAS_TTL
+from .tier.pages import HAS_TTL
 
 
 #: items()/values() take the lock once per this many keys in memory, or

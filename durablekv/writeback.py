@@ -24,7 +24,7 @@ from .config import _BYTES, _REAL_MONOTONIC, _STR, _U32_PACK
 from .errors import CorruptStoreError, StoreError
 from .expiry import _SWEEP_RETRY
 from .keyfilter import KeyFilter
-from .pages import EMPTY, PENDING
+from .tier.pages import EMPTY, PENDING
 from .stores.base import PageImage
 from .stores.pageformat import ASCII_KEYS, RAW_BYTES, encode_columns, encode_page
 

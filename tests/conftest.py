@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from durablekv import Cache
-from durablekv.pages import EMPTY, HAS_TTL, MemoryTier
+from durablekv.tier.pages import EMPTY, HAS_TTL, MemoryTier
 
 REPO = Path(__file__).resolve().parents[1]
 #: ../shared/traces beside the repository (read-only; never copied into it).

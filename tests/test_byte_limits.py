@@ -26,7 +26,7 @@ from durablekv import Cache, ShardedCache
 from durablekv.check import check_directory
 from durablekv.codec import encode_key
 from durablekv.errors import ConfigError
-from durablekv.pages import EMPTY, RESIDENT, SLOTTED
+from durablekv.tier.pages import EMPTY, RESIDENT, SLOTTED
 
 from .conftest import open_cache
 from .size_limit_writer import OPTIONS as WRITER_OPTIONS, value_of
@@ -55,7 +55,7 @@ def entry_bytes(cache: Cache) -> int:
 def assert_entry_bound(cache: Cache) -> None:
     """policy="midpoint": the bound is on the bytes of the entries in the
     budget (young and old), each counted by its own size."""
-    from durablekv.midpoint import OLD, YOUNG
+    from durablekv.tier.midpoint import OLD, YOUNG
     s = cache.stats()
     codec = cache._codec
     live = total = 0

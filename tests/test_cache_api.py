@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import durablekv
 from durablekv import Cache, CacheStats
 from durablekv.errors import (CacheClosedError, CacheLockedError, ConfigError, DurableKVError)
-from durablekv.pages import EMPTY
+from durablekv.tier.pages import EMPTY
 from durablekv.sharded import ShardedCache
 from .conftest import Clock, open_cache, opened, reseal_pages, run_threads
 
@@ -1090,7 +1090,7 @@ def test_an_intenum_or_strenum_key_reads_like_a_dict_and_writes_refuse_it(tmp_pa
     TypeError once the page was evicted."""
     import enum
 
-    from durablekv.pages import RESIDENT
+    from durablekv.tier.pages import RESIDENT
 
     class I(enum.IntEnum):
         ONE = 1

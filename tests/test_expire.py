@@ -20,7 +20,7 @@ import pytest
 
 from durablekv import Cache, CacheClosedError, CorruptStoreError, StoreError
 from durablekv.check import check_directory
-from durablekv.pages import RESIDENT
+from durablekv.tier.pages import RESIDENT
 
 from .conftest import Clock, check_table, open_cache, opened, run_with_timeout
 

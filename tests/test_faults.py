@@ -708,7 +708,7 @@ def test_br017_unserializable_value_is_refused_in_the_callers_thread(tmp_path):
 def test_page_byte_limit_moves_big_entries_to_other_pages(tmp_path, monkeypatch):
     """Pages stay under SQLite's blob limit: with the limit made small, inserts
     start new pages and a growing overwrite moves its entry."""
-    import durablekv.pages as pages
+    import durablekv.tier.pages as pages
 
     monkeypatch.setattr(pages, "PAGE_BYTES_LIMIT", 10_000)
     d = tmp_path / "c"

@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from durablekv import Cache
 from durablekv import codec as kvcodec
 from durablekv.check import CheckResult, _check_store
-from durablekv.pages import EMPTY
+from durablekv.tier.pages import EMPTY
 from durablekv.stores.base import PageImage
 from durablekv.stores.pageformat import encode_page
 from durablekv.stores.sqlite import SQLitePageStore

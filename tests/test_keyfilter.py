@@ -14,7 +14,7 @@ from durablekv import Cache
 from durablekv import codec as kvcodec
 from durablekv.errors import WriteBehindError
 from durablekv.keyfilter import KeyFilter
-from durablekv.pages import EMPTY, PENDING
+from durablekv.tier.pages import EMPTY, PENDING
 
 from .conftest import Clock
 

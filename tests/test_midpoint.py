@@ -1,4 +1,4 @@
-"""``policy="midpoint"``: residency per entry inside pages (durablekv/midpoint.py).
+"""``policy="midpoint"``: residency per entry inside pages (durablekv/tier/midpoint.py).
 
 The tier must count exactly what ``bench.sim.page_midpoint`` counts (the
 simulator the policy bench and the README's table are built on), be an exact
@@ -20,8 +20,8 @@ from bench.policy import tier_replay
 from durablekv import Cache
 from durablekv.codec import canonical_key
 from durablekv.errors import ConfigError, CorruptStoreError
-from durablekv.midpoint import DOOMED, OLD, OUT, YOUNG, MidpointTier
-from durablekv.pages import UNLOADED
+from durablekv.tier.midpoint import DOOMED, OLD, OUT, YOUNG, MidpointTier
+from durablekv.tier.pages import UNLOADED
 
 from .conftest import Clock, trace_path
 

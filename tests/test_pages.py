@@ -1,6 +1,6 @@
 """The memory tier: pages, page table, page-level LRU, pending pages, free list.
 
-First :class:`durablekv.pages.MemoryTier` on its own (a pure data structure),
+First :class:`durablekv.tier.pages.MemoryTier` on its own (a pure data structure),
 then through a Cache: with ``page_size=1`` the tier is exactly an LRU of
 ``max_pages`` entries whatever the flush timing (hypothesis against an
 ``OrderedDict``), and with bigger pages the resident page count never exceeds
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from durablekv import Cache
-from durablekv.pages import EMPTY, PENDING, RESIDENT, MemoryTier
+from durablekv.tier.pages import EMPTY, PENDING, RESIDENT, MemoryTier
 
 from .conftest import check_table, tier_layout
 
@@ -437,7 +437,7 @@ def test_insert_many_matches_insert_one_at_a_time(page_size, max_pages, setup, s
     that splits pages, in several calls bounded by a page budget."""
     from unittest import mock
 
-    import durablekv.pages as pages
+    import durablekv.tier.pages as pages
 
     def build() -> MemoryTier:
         t = MemoryTier(page_size=page_size, max_pages=max_pages)

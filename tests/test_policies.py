@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from durablekv.errors import ConfigError
-from durablekv.pages import Page
+from durablekv.tier.pages import Page
 from durablekv.policies import LRU, POLICIES, TinyLFU, check_policy, make_policy
 
 

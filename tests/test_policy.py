@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from durablekv import Cache
 from durablekv.errors import ConfigError
-from durablekv.pages import EMPTY, PENDING, RESIDENT, MemoryTier, Page
+from durablekv.tier.pages import EMPTY, PENDING, RESIDENT, MemoryTier, Page
 from durablekv.policies import LRU
 from durablekv.policies.tinylfu import FrequencySketch, WindowClimber, window_split
 

@@ -20,7 +20,7 @@ import pytest
 from durablekv import Cache
 from durablekv.logsegments import HEADER, MAGIC, list_segments, read_segment
 from durablekv.replaylog import ReplayLog
-from durablekv.pages import EMPTY
+from durablekv.tier.pages import EMPTY
 
 REPO = Path(__file__).resolve().parents[1]
 #: the batcher never runs unless asked (flush()/close() or back-pressure)
@@ -502,7 +502,7 @@ def test_bulk_recovery_keeps_pages_within_the_byte_limit(monkeypatch, seed):
     overwrites that no longer fit move to another page, as one by one."""
     import random
 
-    import durablekv.pages as pages
+    import durablekv.tier.pages as pages
     monkeypatch.setattr(pages, "PAGE_BYTES_LIMIT", 64)
     rng = random.Random(seed)
 
@@ -548,7 +548,7 @@ def test_recovery_bigger_than_memory_respects_back_pressure(tmp_path, monkeypatc
     """A log holding more than the memory tier: recovery evicts to the
     write-behind queue and waits for flushes, never queueing more than
     max_pending_pages (+1, as a live set may)."""
-    import durablekv.pages as pages
+    import durablekv.tier.pages as pages
     d = tmp_path / "c"
     cache = Cache(d, page_size=4, **NEVER)
     for i in range(600):

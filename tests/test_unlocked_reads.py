@@ -20,7 +20,7 @@ from itertools import count
 
 import pytest
 
-from durablekv.pages import HAS_TTL, RESIDENT, MemoryTier, Page
+from durablekv.tier.pages import HAS_TTL, RESIDENT, MemoryTier, Page
 
 from .conftest import REPO, Clock, check_table, opened, run_threads, run_with_timeout
 

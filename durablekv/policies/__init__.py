@@ -3,11 +3,11 @@
 * ``"lru"`` (:mod:`.lru`): least recently used pages leave first;
 * ``"tinylfu"`` (:mod:`.tinylfu`): W-TinyLFU over pages, as in Caffeine;
 * ``"midpoint"``: residency per entry with midpoint insertion, as InnoDB's
-  buffer pool (an entry-granular tier, :mod:`durablekv.midpoint`).
+  buffer pool (an entry-granular tier, :mod:`durablekv.tier.midpoint`).
 
 Each is an object that owns its state behind the small interface of
 :class:`~durablekv.policies.base.EvictionPolicy`. :func:`make_policy` (and
-the tier factory, :func:`durablekv.pages.make_tier`) are the only places
+the tier factory, :func:`durablekv.tier.make_tier`) are the only places
 that look at a policy's name.
 """
 
@@ -19,13 +19,32 @@ from .base import EvictionPolicy
 from .lru import LRU
 from .tinylfu import TinyLFU
 
-__all__ = ["POLICIES", "EvictionPolicy", "LRU", "TinyLFU", "check_policy", "make_policy"]
+__all__ = ["POLICIES", "EvictionPolicy", "LRU", "TinyLFU", "check_policy", "is_exact_lru",
+           "make_policy", "residency"]
 
 #: The policy names ``Cache(policy=...)`` takes.
 POLICIES = ("lru", "tinylfu", "midpoint")
 
 #: The policies of a page-granular tier, by name.
 _PAGE_POLICIES = {"lru": LRU, "tinylfu": TinyLFU}
+
+#: The unit each policy keeps in memory or lets go.
+_RESIDENCY = {"lru": "page", "tinylfu": "page", "midpoint": "entry"}
+
+
+def residency(policy: str) -> str:
+    """``"page"`` or ``"entry"``: what ``policy`` keeps in memory or lets go
+    (a page is the unit of I/O either way).
+
+    :raises durablekv.errors.ConfigError: an unknown policy.
+    """
+    return _RESIDENCY[check_policy(policy)]
+
+
+def is_exact_lru(policy: str, page_size: int) -> bool:
+    """Whether a memory tier of ``page_size`` under ``policy`` is exactly an
+    entry-level LRU of its slots (its hit ratio is an LRU cache's)."""
+    return page_size == 1 and check_policy(policy) == "lru"
 
 
 def check_policy(policy: Any) -> str:
@@ -50,5 +69,5 @@ def make_policy(policy: str, tier: Any) -> EvictionPolicy:
     if cls is None:
         from ..errors import ConfigError
         raise ConfigError(f"policy={policy!r} keeps residency per entry: build its tier with "
-                          "durablekv.pages.make_tier, not a page tier")
+                          "durablekv.tier.make_tier, not a page tier")
     return cls(tier)

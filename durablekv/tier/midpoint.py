@@ -29,7 +29,7 @@ Per-slot state (``SlotPage.where``), changed only under the cache lock:
 * ``YOUNG``: in the young sublist; ``stamps[slot]`` is its recency tick
   (stored without the lock by a memory hit, as a page's stamp is under
   ``lru``), and the young sublist is a min-heap of filed stamps re-filed
-  lazily, as the page heap of :class:`~durablekv.pages.MemoryTier`. A
+  lazily, as the page heap of :class:`~durablekv.tier.pages.MemoryTier`. A
   lock-free hit is taken only while ``stamps[slot] > 0``, i.e. young;
 * ``OLD``: in the old sublist, a FIFO (entries enter it only at its MRU
   end). A hit there takes the lock, since it moves the entry;
@@ -65,7 +65,7 @@ YOUNG, OLD, DOOMED, OUT = 1, 2, 3, 0
 
 
 class SlotPage(Page):
-    """A page of a :class:`MidpointTier`: a :class:`~durablekv.pages.Page`
+    """A page of a :class:`MidpointTier`: a :class:`~durablekv.tier.pages.Page`
     with per-slot residency.
 
     :ivar stamps: per slot, the recency tick while young (> 0), else 0.
@@ -107,7 +107,7 @@ class MidpointTier(MemoryTier):
         After every call the live entries' bytes are at most ``max_bytes``,
         or exactly one entry is live (one entry bigger than the bound).
 
-    Counters, as :class:`~durablekv.pages.MemoryTier`'s, but per entry:
+    Counters, as :class:`~durablekv.tier.pages.MemoryTier`'s, but per entry:
     ``evictions`` counts entries chosen to leave memory, ``resident`` the
     pages holding at least one entry in the budget, ``entries`` the entries
     in it (at most ``budget``), ``page_faults`` the accesses that read a

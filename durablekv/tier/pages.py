@@ -41,9 +41,9 @@ from __future__ import annotations
 from itertools import accumulate, chain, count, islice, repeat
 from typing import Any, Iterator, Sequence
 
-from .policies import check_policy, make_policy
+from ..policies import make_policy
 
-__all__ = ["Page", "MemoryTier", "EMPTY", "HAS_TTL", "PAGE_BYTES_LIMIT", "UNLOADED", "make_tier"]
+__all__ = ["Page", "MemoryTier", "EMPTY", "HAS_TTL", "PAGE_BYTES_LIMIT", "UNLOADED"]
 
 #: Most encoded bytes (keys + values) a page holds, well under SQLite's
 #: default 1,000,000,000-byte limit on a blob: an insert that would pass it
@@ -81,7 +81,7 @@ class _Unloaded:
 
 
 #: Marker for a used slot whose entry is in the store only (``policy=
-#: "midpoint"``, :mod:`durablekv.midpoint`): the page is in memory in part.
+#: "midpoint"``, :mod:`durablekv.tier.midpoint`): the page is in memory in part.
 UNLOADED: Any = _Unloaded()
 
 #: Page states: in the LRU order; evicted while dirty (waiting for the
@@ -237,8 +237,13 @@ class MemoryTier:
         page.stamp = next(self.ticks)
         self.locked_ticks += 1
 
+    #: ``fill_open(page)``: read the unloaded entries of the open page back
+    #: in before an insert; set by the cache, called only by a tier with
+    #: residency per entry (:class:`durablekv.tier.midpoint.MidpointTier`).
+    fill_open: Any = None
+
     #: Whether install() takes per-entry sizes (``sizes=``); see
-    #: :class:`durablekv.midpoint.MidpointTier`.
+    #: :class:`durablekv.tier.midpoint.MidpointTier`.
     per_entry = False
 
     @property
@@ -708,16 +713,3 @@ class MemoryTier:
             self.dirty.pop(page.page_id, None)
             self.dirty[page.page_id] = page
 
-
-def make_tier(page_size: int, max_pages: int, policy: str = "lru",
-              max_bytes: int | None = None) -> MemoryTier:
-    """The memory tier for ``policy``: a :class:`MemoryTier` (``"lru"``,
-    ``"tinylfu"``) or a :class:`durablekv.midpoint.MidpointTier`
-    (``"midpoint"``, residency per entry).
-
-    :raises durablekv.errors.ConfigError: an unknown policy.
-    """
-    if check_policy(policy) == "midpoint":
-        from .midpoint import MidpointTier
-        return MidpointTier(page_size, max_pages, max_bytes)
-    return MemoryTier(page_size, max_pages, policy, max_bytes)
