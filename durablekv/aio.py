@@ -40,43 +40,24 @@ import sysconfig
 from typing import Any, AsyncIterator, Callable
 
 from .cache import Cache
-from .config import NOWAIT_UNSURE
+from .config import NOWAIT_UNSURE, _MISSING, _OPEN
 from .errors import CacheNotOpenError
-from .tier.pages import HAS_TTL, RESIDENT, SLOTTED
+from .tier import HAS_TTL
 from .stats import CacheStats
-from . import codec as _codec
 
 __all__ = ["AsyncCache"]
 
-_MISSING: Any = object()
-_OPEN = "open"
-_Frozen = _codec.Frozen
 #: The lock-free memory hit relies on the GIL (as Cache.get's does).
 _LOCK_FREE_HITS = not sysconfig.get_config_var("Py_GIL_DISABLED")
 
 
 def memory_hit(cache: Cache, key: Any) -> Any:
     """The value of ``key`` if it is a memory hit that needs no lock, else
-    a sentinel (:data:`MISS_IN_MEMORY`): the first step of :meth:`Cache.get`,
-    which never waits. Counted as a hit exactly as ``Cache.get`` counts it
-    (the page's LRU tick)."""
-    if _LOCK_FREE_HITS and cache._state is _OPEN:
-        try:
-            ref = cache._table.get(key)
-        except TypeError:
-            return _MISSING  # the locked path raises the TypeError set() gives
-        if ref is not None:
-            v = ref[2]
-            if v is not HAS_TTL:
-                page = ref[0]
-                if page.state == RESIDENT:
-                    page.stamp = next(cache._ticks)
-                    return v if type(v) is not _Frozen else cache._codec.decode(v.blob)
-                if page.state == SLOTTED:  # policy="midpoint": a young entry
-                    stamps, slot = page.stamps, ref[1]
-                    if stamps[slot] > 0:
-                        stamps[slot] = next(cache._ticks)
-                        return v if type(v) is not _Frozen else cache._codec.decode(v.blob)
+    :data:`MISS_IN_MEMORY`: the first step of :meth:`Cache.get`, which never
+    waits (``Cache._memory_hit``, counted as a hit exactly as ``get`` counts
+    it). Not on a free-threaded build, where a hit takes the lock."""
+    if _LOCK_FREE_HITS:
+        return cache._memory_hit(key)
     return _MISSING
 
 

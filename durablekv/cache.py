@@ -508,6 +508,16 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             an unhashable key).
         :raises CacheClosedError: the cache is closed.
         """
+        v = self._memory_hit(key)
+        if v is not _MISSING:
+            return v
+        return self._get_locked(key, default)
+
+    def _memory_hit(self, key: Any) -> Any:
+        """The first step of :meth:`get`, which never waits: the value of
+        ``key`` if it is a memory hit that needs no lock (counted as a hit,
+        by the page's or the entry's recency tick), else ``_MISSING``.
+        :class:`~durablekv.aio.AsyncCache` calls it on the event loop."""
         if self._state is _OPEN:
             table = self._table
             try:
@@ -533,7 +543,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                         if stamps[slot] > 0:
                             stamps[slot] = next(self._ticks)
                             return v if type(v) is not _Frozen else self._codec.decode(v.blob)
-        return self._get_locked(key, default)
+        return _MISSING
 
     def _get_locked(self, key: Any, default: Any) -> Any:
         """:meth:`get` under the lock: expiry, page faults, misses."""
