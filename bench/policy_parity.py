@@ -45,14 +45,14 @@ def distinct_keys(path: Path) -> int:
     return len({key for _op, key, _size, _ttl, _t in open_trace(path)})
 
 
-def cases(paths: list[Path]) -> list[dict[str, Any]]:
+def cases(paths: list[Path], policies: tuple[str, ...] = POLICIES) -> list[dict[str, Any]]:
     out = []
     for path in paths:
         unique = distinct_keys(path)
         for page_size in PAGE_SIZES:
             for fraction in FRACTIONS:
                 max_pages = max(1, round(unique * fraction / page_size))
-                for policy in POLICIES:
+                for policy in policies:
                     out.append({"trace": path.name, "path": str(path), "unique": unique,
                                 "page_size": page_size, "fraction": fraction,
                                 "max_pages": max_pages, "policy": policy})
@@ -77,8 +77,9 @@ def replay(tree: Path, case: dict[str, Any]) -> dict[str, Any]:
     return {k: got[k] for k in COUNTS} | {"hit_ratio": got["hit_ratio"]}
 
 
-def run(trees: dict[str, Path], jobs: int) -> list[dict[str, Any]]:
-    todo = cases(traces())
+def run(trees: dict[str, Path], jobs: int,
+        policies: tuple[str, ...] = POLICIES) -> list[dict[str, Any]]:
+    todo = cases(traces(), policies)
     with ThreadPoolExecutor(jobs) as pool:
         futures = {(name, i): pool.submit(replay, tree, case)
                    for i, case in enumerate(todo) for name, tree in trees.items()}
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", type=Path, help="a second source tree to compare with")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--policy", action="append", choices=POLICIES,
+                    help="only this policy (repeat for more; default: all)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args(argv)
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"this": REPO}
     if args.base:
         trees = {"base": args.base.resolve(), "this": REPO}
-    rows = run(trees, args.jobs)
+    rows = run(trees, args.jobs, tuple(args.policy or POLICIES))
     table = markdown(rows, list(trees))
     print(table)
     if args.json:

@@ -36,7 +36,7 @@ def check_tier(cache: Cache) -> None:
 def _check_tier(cache: Cache) -> None:
     tier = cache._tier
     assert isinstance(tier, MidpointTier)
-    assert tier.young_n + tier.old_n <= tier.budget
+    assert tier.entries <= tier.budget
     young = old = doomed = unloaded = resident = 0
     for pid, page in tier.pages.items():
         assert page.page_id == pid
@@ -58,7 +58,7 @@ def _check_tier(cache: Cache) -> None:
         live = w.count(YOUNG) + w.count(OLD)
         assert live == page.live
         resident += live > 0
-    assert (young, old) == (tier.young_n, tier.old_n)
+    assert (young, old) == (tier.policy.young_n, tier.policy.old_n)
     assert resident == tier.resident
 
 
@@ -157,7 +157,7 @@ def test_iteration_len_and_items_see_unloaded_entries(tmp_path):
         assert len(c) == 64
         assert sorted(c.values()) == sorted(model.values())
         # a scan does not fault anything in
-        assert c._tier.young_n + c._tier.old_n <= 12
+        assert c._tier.entries <= 12
         check_tier(c)
 
 
@@ -193,7 +193,7 @@ def test_changing_a_page_in_memory_in_part_writes_it_whole(tmp_path, op):
         check_tier(c)
         c.flush()
         check_tier(c)
-        assert c._tier.young_n + c._tier.old_n <= 12
+        assert c._tier.entries <= 12
     with Cache(tmp_path / "c", page_size=4, max_pages=3, policy="midpoint") as c:
         assert dict(c.items()) == model
     with Cache(tmp_path / "c", page_size=4, max_pages=64) as c:  # and under lru
@@ -282,7 +282,7 @@ def test_warm_restart_brings_entries_back(tmp_path):
     with Cache(tmp_path / "c", page_size=4, max_pages=3, policy="midpoint") as c:
         assert c.wait_warm(30)
         assert c.stats().warmed_pages >= 1
-        assert 0 < c._tier.young_n + c._tier.old_n <= 12
+        assert 0 < c._tier.entries <= 12
         check_tier(c)
         before = c.stats().memory_hits
         for k in hot:
@@ -331,12 +331,12 @@ def test_a_byte_bound_evicts_entries_not_pages(tmp_path):
         assert c._tier.evictions == 5     # 5 x 1,012 bytes make room for 30,013
         assert c._table["s39"][0].where[c._table["s39"][1]] == YOUNG
         c["huge"] = b"H" * 100_000             # bigger than the bound: alone
-        assert c._tier.young_n + c._tier.old_n == 1
+        assert c._tier.entries == 1
         assert c.stats().memory_bytes > 64 * 1024
         c["after"] = b"a"                       # and gone at the next entry
         assert c.stats().memory_bytes <= 64 * 1024
         assert c["huge"] == b"H" * 100_000     # read back (a page fault), alone again
-        assert c._tier.young_n + c._tier.old_n == 1
+        assert c._tier.entries == 1
         c.flush()
         check_tier(c)
         assert all(c[f"s{i}"] == b"s" * 1000 for i in range(40))

@@ -48,20 +48,16 @@ Pure data structures: no threads, no I/O, no locks.
 
 from __future__ import annotations
 
-from collections import deque
-from heapq import heappop, heappush, heapreplace
-from itertools import count
 from typing import Any, Sequence
 
+from ..policies.midpoint import OLD, OLD_FRACTION, YOUNG, Midpoint
 from .pages import EMPTY, HAS_TTL, PENDING, MemoryTier, Page, SLOTTED, UNLOADED, _entries
 
 __all__ = ["MidpointTier", "SlotPage", "OLD_FRACTION"]
 
-#: The old sublist's share of the entry budget (InnoDB's
-#: ``innodb_old_blocks_pct`` default of 37%).
-OLD_FRACTION = 0.375
-
-YOUNG, OLD, DOOMED, OUT = 1, 2, 3, 0
+#: Slot states of the tier beside the policy's ``YOUNG`` and ``OLD``: chosen
+#: to leave memory while the page is dirty; out of memory (or a free slot).
+DOOMED, OUT = 3, 0
 
 
 class SlotPage(Page):
@@ -129,53 +125,32 @@ class MidpointTier(MemoryTier):
         if max_bytes is not None:
             self.page_bytes_limit = min(self.page_bytes_limit, max_bytes)
         self.live_bytes = 0  # bytes of the young and old entries
-        self.policy_name = "midpoint"
         self._new_page = SlotPage
         self.budget = max_pages * page_size
-        self.young_cap = max(1, self.budget - int(OLD_FRACTION * self.budget))
-        self.young: list[tuple[float, SlotPage, int]] = []   # (filed stamp, page, slot)
-        self.old: deque[tuple[int, SlotPage, int]] = deque()  # (token, page, slot)
-        self.young_n = 0
-        self.old_n = 0
+        #: the order of the entries in memory (young and old sublists)
+        self.policy: Midpoint = Midpoint(self, self.budget)
         self.reloads = 0
         #: ``fill_open(page)``: read the unloaded entries of the open page back
         #: in before an insert (the cache's ``_whole``: I/O, lock held).
         self.fill_open: Any = None
-        self._tokens = count(1)
-        self._warm_tokens = count(-1, -1)  # FIFO tokens of the LRU end (unique, ordered)
 
     @property
     def entries(self) -> int:
         """Entries counted against the budget (young + old)."""
-        return self.young_n + self.old_n
+        return self.policy.young_n + self.policy.old_n
 
-    # -- per-slot moves (lock held) --------------------------------------------------
+    # -- residency of entries (lock held) --------------------------------------------
 
     def _young(self, page: SlotPage, slot: int, stamp: float | None = None) -> None:
-        """Put ``slot`` at the young MRU end (it is not young or old now)."""
-        if stamp is None:
-            stamp = next(self.ticks)
-            self.locked_ticks += 1
-        page.where[slot] = YOUNG
-        page.stamps[slot] = page.filed[slot] = stamp
-        heappush(self.young, (stamp, page, slot))
-        self.young_n += 1
+        """``slot`` (out of memory's budget now) comes in at the young MRU end."""
+        self.policy.add_young(page, slot, stamp)
         self.live_bytes += page.sizes[slot]
         self._gain(page)
 
     def _old(self, page: SlotPage, slot: int, lru_end: bool = False) -> None:
-        """Put ``slot`` at the old MRU end (``lru_end``: at the LRU end, for a
-        warm preload, which brings pages in most recent first); it is not
-        young or old now."""
-        page.where[slot] = OLD
-        page.stamps[slot] = 0
-        if lru_end:
-            page.filed[slot] = tok = next(self._warm_tokens)
-            self.old.appendleft((tok, page, slot))
-        else:
-            page.filed[slot] = tok = next(self._tokens)
-            self.old.append((tok, page, slot))
-        self.old_n += 1
+        """``slot`` comes in at the old MRU end (``lru_end``: its LRU end, for
+        a warm preload)."""
+        self.policy.add_old(page, slot, lru_end)
         self.live_bytes += page.sizes[slot]
         self._gain(page)
 
@@ -185,14 +160,9 @@ class MidpointTier(MemoryTier):
             self.resident += 1
 
     def _lose(self, page: SlotPage, slot: int) -> None:
-        """``slot`` stops being young or old (its heap or FIFO entry goes stale)."""
-        if page.where[slot] == YOUNG:
-            self.young_n -= 1
-        else:
-            self.old_n -= 1
+        """``slot`` leaves the budget (out of the policy's sublists)."""
+        self.policy.remove(page, slot)
         self.live_bytes -= page.sizes[slot]
-        page.where[slot] = OUT
-        page.stamps[slot] = 0
         page.live -= 1
         if page.live == 0:
             self.resident -= 1
@@ -203,66 +173,23 @@ class MidpointTier(MemoryTier):
         if page.doomed == 0:
             self.pending -= 1
 
-    def _pop_young(self) -> tuple[SlotPage, int]:
-        """The young LRU entry (the sublist must not be empty), still young."""
-        heap = self.young
-        while True:
-            filed, page, slot = heap[0]
-            if page.where[slot] != YOUNG or page.filed[slot] != filed:
-                heappop(heap)  # stale: it left the young sublist after this was filed
-            elif (stamp := page.stamps[slot]) != filed:
-                page.filed[slot] = stamp  # hit since it was filed (read once, see pages.py)
-                heapreplace(heap, (stamp, page, slot))
-            else:
-                return page, slot
-
     def _rebalance(self) -> None:
-        """Move the young overflow to the old sublist, then evict down to the
-        budget; an entry chosen to leave goes at once when its page is clean
-        (:meth:`_unload`), else when the page's flush commits (doomed). (The
-        per-entry moves of :meth:`_lose` and :meth:`_old` written out in the
-        loops: this runs for every entry a page fault brings in.)"""
-        if self.young_n > self.young_cap:
-            old, tokens = self.old, self._tokens
-            n = self.young_n - self.young_cap
-            for _ in range(n):
-                page, slot = self._pop_young()
-                page.where[slot] = OLD
-                page.stamps[slot] = 0
-                page.filed[slot] = tok = next(tokens)
-                old.append((tok, page, slot))
-            self.young_n -= n
-            self.old_n += n
-        excess = self.young_n + self.old_n - self.budget
+        """Move the young overflow to the old sublist, then evict the policy's
+        victims down to the budget (and ``max_bytes``); an entry chosen to
+        leave goes at once when its page is clean (:meth:`_unload`), else when
+        the page's flush commits (doomed)."""
+        policy = self.policy
+        policy.demote_overflow()
+        excess = policy.young_n + policy.old_n - self.budget
         max_bytes = self.max_bytes
         if excess > 0 or max_bytes is not None and self.live_bytes > max_bytes:
-            old, dirty = self.old, self.dirty
-            popleft = old.popleft
+            dirty = self.dirty
+            next_victim = policy.next_victim
             if max_bytes is None:
                 max_bytes = 1 << 62
-            while excess > 0 or self.live_bytes > max_bytes and self.young_n + self.old_n > 1:
-                if self.old_n:
-                    tok, page, slot = popleft()
-                    if page.where[slot] != OLD or page.filed[slot] != tok:
-                        continue  # stale: it left the old sublist after this was filed
-                    stamp = page.stamps[slot]
-                    if stamp > 0:
-                        # a lock-free hit raced its move to the old sublist:
-                        # that hit counts, so the entry is young again
-                        self.old_n -= 1
-                        self.live_bytes -= page.sizes[slot]
-                        page.live -= 1
-                        self._young(page, slot, stamp)
-                        if page.live == 1:
-                            self.resident -= 1  # (_young counted it again)
-                        if self.young_n > self.young_cap:
-                            return self._rebalance()
-                        continue
-                    self.old_n -= 1
-                else:
-                    page, slot = self._pop_young()
-                    page.stamps[slot] = 0
-                    self.young_n -= 1
+            while excess > 0 or self.live_bytes > max_bytes and \
+                    policy.young_n + policy.old_n > 1:
+                page, slot = next_victim()
                 excess -= 1
                 self.live_bytes -= page.sizes[slot]
                 page.live -= 1
@@ -278,13 +205,7 @@ class MidpointTier(MemoryTier):
                     self._unload(page, slot)
                     if page.live == 0:
                         self._maybe_drop(page)
-        if len(self.young) > 2 * self.young_n + 64:
-            self.young = [(p.filed[s], p, s) for f, p, s in self.young
-                          if p.where[s] == YOUNG and p.filed[s] == f]
-            self.young.sort()
-        if len(self.old) > 2 * self.old_n + 64:
-            self.old = deque(e for e in self.old
-                             if e[1].where[e[2]] == OLD and e[1].filed[e[2]] == e[0])
+        policy.compact()
 
     def _unload(self, page: SlotPage, slot: int) -> None:
         """Drop a clean slot's entry from memory (the store holds it)."""
@@ -324,8 +245,7 @@ class MidpointTier(MemoryTier):
             self.locked_ticks += 1
             return True
         if where == OLD:
-            self._lose(page, slot)
-            self._young(page, slot)
+            self.policy.hit_old(page, slot)
             self._rebalance()
             return True
         # DOOMED: the simulator's page fault (its entry is out of memory there)
@@ -349,7 +269,7 @@ class MidpointTier(MemoryTier):
             page.state = SLOTTED
 
     def over(self) -> bool:
-        n = self.young_n + self.old_n
+        n = self.policy.young_n + self.policy.old_n
         return n > self.budget or (self.max_bytes is not None and self.live_bytes > self.max_bytes
                                    and n > 1)
 
@@ -418,7 +338,7 @@ class MidpointTier(MemoryTier):
 
     def room(self) -> int:
         """Entries that can come in without an eviction."""
-        return self.budget - self.young_n - self.old_n
+        return self.budget - self.policy.young_n - self.policy.old_n
 
     def _take_in(self, page: SlotPage, slots: Sequence[int], keys: Sequence[Any], want: Any,
                  resident: bool, warm: bool) -> None:
@@ -441,21 +361,12 @@ class MidpointTier(MemoryTier):
             if ref is not None and ref[0] is page:
                 wanted = ref[1]
                 self._young(page, wanted)
-        # the neighbours, at the old sublist's MRU end (_old, written out)
-        where, stamps, filed, sizes = page.where, page.stamps, page.filed, page.sizes
-        old, tokens = self.old, self._tokens
-        n = nbytes = 0
-        for s in slots:
-            if s != wanted:
-                where[s] = OLD
-                stamps[s] = 0
-                filed[s] = tok = next(tokens)
-                old.append((tok, page, s))
-                n += 1
-                nbytes += sizes[s]
-        self.live_bytes += nbytes
+        # the neighbours, at the old sublist's MRU end (the midpoint)
+        sizes = page.sizes
+        others = [s for s in slots if s != wanted]
+        n = self.policy.add_old_many(page, others)
+        self.live_bytes += sum([sizes[s] for s in others])
         if n:
-            self.old_n += n
             if page.live == 0:
                 self.resident += 1
             page.live += n
@@ -600,10 +511,7 @@ class MidpointTier(MemoryTier):
         return page, slot
 
     def clear(self) -> None:
-        super().clear()
-        self.young.clear()
-        self.old.clear()
-        self.young_n = self.old_n = 0
+        super().clear()          # (clears the policy too)
         self.live_bytes = 0
 
     def flushed(self, page: Page, version: int, keys_version: int, n: int, ttl_n: int,
