@@ -7,7 +7,9 @@ bounds, the resident count and the recency clock, and an ``_evict`` that
 records the victims. Key sequences then check each policy's documented
 behaviour: LRU evicts the page with the oldest stamp, exactly, against a
 reference; W-TinyLFU keeps a frequently used page through a scan that an
-LRU would let push it out. The factory checks names in one place.
+LRU would let push it out; the midpoint policy, alone, is an exact LRU when
+no neighbours come in, and lets a page fault's neighbours go before the young
+entries. The factory checks names in one place.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 from durablekv.errors import ConfigError
 from durablekv.tier.pages import Page
 from durablekv.policies import LRU, POLICIES, TinyLFU, check_policy, make_policy
+from durablekv.policies.midpoint import YOUNG, Midpoint
 
 
 class SmallTier:
@@ -190,3 +193,84 @@ def test_policies_are_built_from_their_name_in_one_place():
         make_policy("midpoint", tier)
     with pytest.raises(ConfigError, match="expected one of 'lru', 'tinylfu', 'midpoint'"):
         make_policy("arc", tier)
+
+
+# -- midpoint (entries: young and old sublists) ------------------------------------------
+
+
+class Slots:
+    """A page's per-slot fields the midpoint policy keeps (where, stamps, filed)."""
+
+    def __init__(self, page_id: int, n: int = 1) -> None:
+        self.page_id = page_id
+        self.where, self.stamps, self.filed = [0] * n, [0] * n, [0] * n
+
+
+class EntryTier:
+    """What the midpoint policy sees of an entry-granular tier: a clock and
+    a budget; entries come in young (a miss) or old (a fault's neighbours)."""
+
+    def __init__(self, budget: int) -> None:
+        self.ticks = count(1)
+        self.locked_ticks = 0
+        self.policy = Midpoint(self, budget)
+        self.pages: dict[int, Slots] = {}
+        self.evicted: list[int] = []
+
+    def _fit(self) -> None:
+        self.policy.demote_overflow()
+        while self.policy.entries > self.policy.budget:
+            page, slot = self.policy.next_victim()
+            page.where[slot] = 0
+            self.evicted.append(page.page_id)
+            del self.pages[page.page_id]
+        self.policy.compact()
+
+    def access(self, key: int, neighbours: tuple[int, ...] = ()) -> bool:
+        page = self.pages.get(key)
+        if page is not None:
+            if page.where[0] == YOUNG:
+                page.stamps[0] = next(self.ticks)          # the lock-free memory hit
+            else:
+                self.policy.hit_old(page, 0)
+            self._fit()
+            return True
+        self.pages[key] = page = Slots(key)
+        self.policy.add_young(page, 0)
+        for n in neighbours:
+            if n not in self.pages:
+                self.pages[n] = Slots(n)
+                self.policy.add_old(self.pages[n], 0)
+        self._fit()
+        return False
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.lists(st.integers(0, 20), max_size=300))
+def test_midpoint_without_neighbours_is_an_exact_lru(budget, keys):
+    tier, ref = EntryTier(budget), ReferenceLRU(budget)
+    for k in keys:
+        assert tier.access(k) == ref.access(k)
+        assert sorted(tier.pages) == sorted(ref.items)
+    assert tier.evicted == ref.evicted
+
+
+def test_midpoint_neighbours_enter_old_and_leave_before_young_entries():
+    tier = EntryTier(16)                     # young 10, old 6
+    for k in range(10):
+        tier.access(k)                       # a young working set
+    tier.access(100, neighbours=tuple(range(101, 116)))   # a fault reads 15 neighbours
+    assert all(k in tier.pages for k in range(10))
+    assert tier.policy.young_n <= tier.policy.young_cap
+    # the young overflow (key 0) went to the old end behind the neighbours, and
+    # the ten entries over the budget were the oldest neighbours
+    assert tier.evicted == list(range(101, 111))
+    assert tier.access(115) and tier.pages[115].where[0] == YOUNG   # a hit moves it young
+
+
+def test_midpoint_counts_its_locked_ticks_on_the_tier():
+    tier = EntryTier(4)
+    tier.access(1)
+    tier.access(2, neighbours=(3,))
+    tier.policy.hit_old(tier.pages[3], 0)
+    assert tier.locked_ticks == 3            # two young entries and one move: ticks drawn here

@@ -2,8 +2,9 @@
 
 * ``"lru"`` (:mod:`.lru`): least recently used pages leave first;
 * ``"tinylfu"`` (:mod:`.tinylfu`): W-TinyLFU over pages, as in Caffeine;
-* ``"midpoint"``: residency per entry with midpoint insertion, as InnoDB's
-  buffer pool (an entry-granular tier, :mod:`durablekv.tier.midpoint`).
+* ``"midpoint"`` (:mod:`.midpoint`): young and old sublists of entries with
+  midpoint insertion, as InnoDB's buffer pool; it orders the entries of the
+  tier whose residency is per entry (:mod:`durablekv.tier.midpoint`).
 
 Each is an object that owns its state behind the small interface of
 :class:`~durablekv.policies.base.EvictionPolicy`. :func:`make_policy` (and

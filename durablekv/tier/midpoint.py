@@ -43,6 +43,11 @@ Per-slot state (``SlotPage.where``), changed only under the cache lock:
   slots is changed, the cache reads them back in (as ``DOOMED``: the change
   makes the page dirty), so a flush always writes a complete page.
 
+The order of the entries (the young and old sublists, the next victim) is
+the policy object's, :class:`durablekv.policies.midpoint.Midpoint`; this
+tier keeps residency: the slot states, the bytes in the budget, doomed and
+unloaded entries, and the pages they sit in.
+
 Pure data structures: no threads, no I/O, no locks.
 """
 
