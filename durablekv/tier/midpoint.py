@@ -131,18 +131,23 @@ class MidpointTier(MemoryTier):
             self.page_bytes_limit = min(self.page_bytes_limit, max_bytes)
         self.live_bytes = 0  # bytes of the young and old entries
         self._new_page = SlotPage
-        self.budget = max_pages * page_size
-        #: the order of the entries in memory (young and old sublists)
-        self.policy: Midpoint = Midpoint(self, self.budget)
+        #: the order of the entries in memory (young and old sublists), over a
+        #: budget of ``max_pages * page_size`` entries
+        self.policy: Midpoint = Midpoint(self, max_pages * page_size)
         self.reloads = 0
         #: ``fill_open(page)``: read the unloaded entries of the open page back
         #: in before an insert (the cache's ``_whole``: I/O, lock held).
         self.fill_open: Any = None
 
     @property
+    def budget(self) -> int:
+        """Most entries in memory (``max_pages * page_size``)."""
+        return self.policy.budget
+
+    @property
     def entries(self) -> int:
         """Entries counted against the budget (young + old)."""
-        return self.policy.young_n + self.policy.old_n
+        return self.policy.entries
 
     # -- residency of entries (lock held) --------------------------------------------
 
@@ -185,7 +190,7 @@ class MidpointTier(MemoryTier):
         the page's flush commits (doomed)."""
         policy = self.policy
         policy.demote_overflow()
-        excess = policy.young_n + policy.old_n - self.budget
+        excess = policy.young_n + policy.old_n - policy.budget
         max_bytes = self.max_bytes
         if excess > 0 or max_bytes is not None and self.live_bytes > max_bytes:
             dirty = self.dirty
