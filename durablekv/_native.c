@@ -694,14 +694,16 @@ py_encode_columns(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t n
 
 /* ---------------------------------------------------------------- memory hit
  *
- * hit_getter(cache, table, ticks, open, has_ttl, frozen, resident, slotted, slow)
- * -> a callable get(key, default=None) that Cache installs as its instance's
+ * hit_getter(cache, fast) -> a callable get(key, default=None) that Cache installs as its instance's
  * ``get``: the lock-free memory hit of Cache.get (durablekv/cache.py), the
  * same steps in the same order, with no Python frame. Anything but a plain
  * memory hit (a miss, an entry with a TTL, a page not resident, an old
  * midpoint entry, a frozen value, a closed cache, keywords) calls ``slow``,
  * the Python Cache.get, with the same arguments: one place decides every
- * other case and raises every error. The getter holds the cache; Cache
+ * other case and raises every error. ``fast`` is the cache's
+ * durablekv.fastpath.FastPath: the fields below are read from it once, here
+ * (table, ticks, open, has_ttl, frozen, resident, slotted, and get as
+ * ``slow``). The getter holds the cache; Cache
  * drops it from its __dict__ at close, which ends the reference cycle (and
  * tp_traverse lets the collector end it otherwise).
  */
@@ -988,18 +990,53 @@ static PyMethodDef hit_get_def = {
     "whole text; patching Cache.get on the class still takes effect).",
 };
 
-/* Fill a new getter's or setter's state ``st`` (fields[i] = args[which[i]],
- * new references), let the collector track it, and return the function
- * ``def`` bound to it (which then holds the only reference). */
+/* fast.name (a new reference), or NULL with an AttributeError that names
+ * the field: ``fast`` is the cache's durablekv.fastpath.FastPath, whose
+ * fields the getter and setter take once, at construction. */
 static PyObject *
-state_function(PyObject *st, PyObject **fields[], const int which[], int n,
-               PyObject *const *args, PyMethodDef *def)
+fast_field(PyObject *fast, const char *name)
 {
-    for (int i = 0; i < n; i++) {
-        *fields[i] = args[which[i]];
-        Py_INCREF(args[which[i]]);
+    PyObject *v = PyObject_GetAttrString(fast, name);
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "the fast path object lacks the field %s "
+                     "(durablekv/fastpath.py defines it)", name);
     }
+    return v;
+}
+
+/* fast.name as a C long; -1 with an error set. */
+static int
+fast_long(PyObject *fast, const char *name, long *out)
+{
+    PyObject *v = fast_field(fast, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Fill a new getter's or setter's state ``st``: *fields[0] = cache, then
+ * *fields[i] = fast.<names[i - 1]> (new references); let the collector track
+ * it, and return the function ``def`` bound to it (which then holds the only
+ * reference). On an error the state is freed and NULL returned. */
+static PyObject *
+state_function(PyObject *st, PyObject **fields[], const char *const names[], int n,
+               PyObject *cache, PyObject *fast, PyMethodDef *def)
+{
+    for (int i = 0; i < n; i++)
+        *fields[i] = NULL;
     PyObject_GC_Track(st);
+    Py_INCREF(cache);
+    *fields[0] = cache;
+    for (int i = 1; i < n; i++) {
+        *fields[i] = fast_field(fast, names[i - 1]);
+        if (*fields[i] == NULL) {
+            Py_DECREF(st);
+            return NULL;
+        }
+    }
     PyObject *fn = PyCFunction_New(def, st);
     Py_DECREF(st);
     return fn;
@@ -1008,49 +1045,54 @@ state_function(PyObject *st, PyObject **fields[], const int which[], int n,
 static PyObject *
 py_hit_getter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "hit_getter takes 9 arguments");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "hit_getter takes 2 arguments: the cache and its "
+                        "fast path (durablekv.fastpath.FastPath)");
         return NULL;
     }
-    if (!PyDict_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "hit_getter: the page table must be a dict");
-        return NULL;
-    }
-    if (!PyType_Check(args[5])) {
-        PyErr_SetString(PyExc_TypeError, "hit_getter: frozen must be a type");
-        return NULL;
-    }
-    long resident = PyLong_AsLong(args[6]), slotted = PyLong_AsLong(args[7]);
-    if (PyErr_Occurred())
+    long resident, slotted;
+    if (fast_long(args[1], "resident", &resident) < 0 ||
+            fast_long(args[1], "slotted", &slotted) < 0)
         return NULL;
     HitState *st = PyObject_GC_New(HitState, &HitStateType);
     if (st == NULL)
         return NULL;
-    PyObject **fields[] = {&st->cache, &st->table, &st->ticks, &st->open, &st->has_ttl,
-                           &st->frozen, &st->slow};
-    static const int which[] = {0, 1, 2, 3, 4, 5, 8};
     st->resident = resident;
     st->slotted = slotted;
-    return state_function((PyObject *)st, fields, which, 7, args, &hit_get_def);
+    PyObject **fields[] = {&st->cache, &st->table, &st->ticks, &st->open, &st->has_ttl,
+                           &st->frozen, &st->slow};
+    static const char *const names[] = {"table", "ticks", "open", "has_ttl", "frozen", "get"};
+    PyObject *fn = state_function((PyObject *)st, fields, names, 7, args[0], args[1],
+                                  &hit_get_def);
+    if (fn == NULL)
+        return NULL;
+    HitState *made = (HitState *)PyCFunction_GET_SELF(fn);
+    if (!PyDict_CheckExact(made->table) || !PyType_Check(made->frozen)) {
+        Py_DECREF(fn);
+        PyErr_SetString(PyExc_TypeError, "hit_getter: the fast path's table must be a dict "
+                        "and its frozen a type");
+        return NULL;
+    }
+    return fn;
 }
 
 /* ---------------------------------------------------------------- overwrite
  *
- * hot_setter(cache, tier, log, table, dirty, ticks, lock, open, has_ttl,
- *            resident, write_seam, max_key_bytes, slow, monotonic)
- * -> a callable set(key, value) that Cache installs as its instance's ``set``
- * (durability "log" or "none"): the hot path of Cache.set (durablekv/cache.py)
- * in C, for an overwrite of a live entry in a resident page, with an ASCII
- * str key and a bytes value, the log appending into its mapped segment. It checks every condition first, under the cache's lock,
- * and changes nothing unless all hold; then the same steps as the Python
- * hot path, in the same order (the record into the mapping, the LSN, the
- * slot, the entry, the byte counts, the version, the dirty map, the LRU
- * tick, the count). ``lock`` is not kept: each call takes ``cache._lock``
- * as it is then, as the Python set does (a forked child's lock is a new
- * one). ``monotonic`` is the clock dirty_since is read from
- * (time.monotonic as imported, which clock-faking tests leave alone).
- * Anything else calls ``slow``, the Python Cache.set, with the same
- * arguments: it grows or rolls the log, waits for
+ * hot_setter(cache, fast) -> a callable set(key, value) that Cache installs
+ * as its instance's ``set`` (durability "log" or "none"): the hot path of
+ * Cache.set (durablekv/cache.py) in C, for an overwrite of a live entry in a
+ * resident page, with an ASCII str key and a bytes value, the log appending
+ * into its mapped segment. ``fast`` is the cache's
+ * durablekv.fastpath.FastPath; its fields are read once, here. It checks
+ * every condition first, under the cache's lock, and changes nothing unless
+ * all hold; then the same steps as the Python hot path, in the same order
+ * (the record into the mapping, the LSN, the slot, the entry, the byte
+ * counts, the version, the dirty map, the LRU tick, the count). The lock is
+ * not kept: each call takes ``cache._lock`` as it is then, as the Python set
+ * does (a forked child's lock is a new one). ``fast.monotonic`` is the clock
+ * dirty_since is read from (time.monotonic as imported, which clock-faking
+ * tests leave alone). Anything else calls ``fast.set``, the Python
+ * Cache.set, with the same arguments: it grows or rolls the log, waits for
  * back-pressure, enforces max_memory_bytes, and raises every error.
  */
 
@@ -1482,32 +1524,38 @@ static PyMethodDef hot_set_def = {
 static PyObject *
 py_hot_setter(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "hot_setter takes 14 arguments");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "hot_setter takes 2 arguments: the cache and its "
+                        "fast path (durablekv.fastpath.FastPath)");
         return NULL;
     }
-    if (!PyCallable_Check(args[13])) {
-        PyErr_SetString(PyExc_TypeError, "hot_setter: monotonic must be a clock");
-        return NULL;
-    }
-    if (!PyDict_CheckExact(args[3]) || !PyDict_CheckExact(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "hot_setter: the page table and dirty map must be dicts");
-        return NULL;
-    }
-    long resident = PyLong_AsLong(args[9]);
-    Py_ssize_t maxk = PyLong_AsSsize_t(args[11]);
-    if (PyErr_Occurred())
+    long resident, maxk;
+    if (fast_long(args[1], "resident", &resident) < 0 ||
+            fast_long(args[1], "max_key_bytes", &maxk) < 0)
         return NULL;
     SetState *st = PyObject_GC_New(SetState, &SetStateType);
     if (st == NULL)
         return NULL;
-    /* args[6], the lock, is not kept: each call takes cache._lock (hot_set) */
+    st->resident = resident;
+    st->max_key_bytes = (Py_ssize_t)maxk;
+    /* the lock is not kept: each call takes cache._lock (hot_set) */
     PyObject **fields[] = {&st->cache, &st->tier, &st->log, &st->table, &st->dirty, &st->ticks,
                            &st->open, &st->has_ttl, &st->seam, &st->slow, &st->monotonic};
-    static const int which[] = {0, 1, 2, 3, 4, 5, 7, 8, 10, 12, 13};
-    st->resident = resident;
-    st->max_key_bytes = maxk;
-    return state_function((PyObject *)st, fields, which, 11, args, &hot_set_def);
+    static const char *const names[] = {"tier", "log", "table", "dirty", "ticks", "open",
+                                        "has_ttl", "log_write", "set", "monotonic"};
+    PyObject *fn = state_function((PyObject *)st, fields, names, 11, args[0], args[1],
+                                  &hot_set_def);
+    if (fn == NULL)
+        return NULL;
+    SetState *made = (SetState *)PyCFunction_GET_SELF(fn);
+    if (!PyDict_CheckExact(made->table) || !PyDict_CheckExact(made->dirty) ||
+            !PyCallable_Check(made->monotonic)) {
+        Py_DECREF(fn);
+        PyErr_SetString(PyExc_TypeError, "hot_setter: the fast path's table and dirty map "
+                        "must be dicts and its monotonic a clock");
+        return NULL;
+    }
+    return fn;
 }
 
 /* --------------------------------------------------- recovery: Records */
@@ -2075,12 +2123,11 @@ static PyTypeObject Records_Type = {
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, seed=0) -> int: zlib.crc32."},
     {"hit_getter", (PyCFunction)(void (*)(void))py_hit_getter, METH_FASTCALL,
-     "hit_getter(cache, table, ticks, open, has_ttl, frozen, resident, slotted, slow) -> "
-     "get(key, default=None): Cache.get's memory hit in C, else slow(cache, ...)."},
+     "hit_getter(cache, fast) -> get(key, default=None): Cache.get's memory hit in C, else "
+     "fast.get(cache, ...); fast is the cache's durablekv.fastpath.FastPath."},
     {"hot_setter", (PyCFunction)(void (*)(void))py_hot_setter, METH_FASTCALL,
-     "hot_setter(cache, tier, log, table, dirty, ticks, lock, open, has_ttl, resident, "
-     "write_seam, max_key_bytes, slow, monotonic) -> set(key, value): Cache.set's overwrite of a "
-     "resident entry in C, else slow(cache, ...)."},
+     "hot_setter(cache, fast) -> set(key, value): Cache.set's overwrite of a resident entry "
+     "in C, else fast.set(cache, ...); fast is the cache's durablekv.fastpath.FastPath."},
     {"encode_record", (PyCFunction)(void (*)(void))py_encode_record, METH_FASTCALL,
      "encode_record(lsn, op, key, value, expire_at) -> bytes: one replay-log record."},
     {"write_record", (PyCFunction)(void (*)(void))py_write_record, METH_FASTCALL,

@@ -177,7 +177,7 @@ class AsyncCache:
         cache = self.cache
         if _LOCK_FREE_HITS and cache._state is _OPEN:
             try:
-                ref = cache._table.get(key)
+                ref = cache._fast.table.get(key)
             except TypeError:
                 ref = None
             if ref is not None and ref[2] is not HAS_TTL:

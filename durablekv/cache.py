@@ -58,6 +58,7 @@ from . import pgwire as _pgwire
 from .errors import (CacheClosedError, CacheFailedError, ConfigError, CorruptStoreError,
                      WriteBehindError)
 from .expiry import Expiry
+from .fastpath import FastPath
 from .faults import PageFaults
 from .introspect import Introspection
 from .keyfilter import KeyFilter
@@ -375,10 +376,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         self._tier.fill_open = self._whole
         self._store_evictions = 0
         self._store_stuck: tuple[int, int] | None = None  # see WriteBack._store_evicted
-        # the tier's page table and LRU, for the hot path (never replaced:
-        # MemoryTier.clear() empties them in place)
-        self._table = self._tier.table
-        self._ticks = self._tier.ticks  # LRU recency clock (MemoryTier)
+        # what get's memory hit and set's overwrite touch, for the Python
+        # and the C paths alike (durablekv/fastpath.py); its log is set at open
+        self._fast = FastPath(self._tier, open=_OPEN, has_ttl=HAS_TTL, frozen=_Frozen,
+                              resident=RESIDENT, slotted=SLOTTED, log_write=ReplayLog._write,
+                              max_key_bytes=MAX_KEY_BYTES, monotonic=_REAL_MONOTONIC[0],
+                              get=Cache.get, set=Cache.set)
         self._tier.next_page_id = store.max_page_id + 1
         self._count = store.key_count
         self._ttl_count = store.ttl_key_count
@@ -462,22 +465,19 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             log.info("recovered %d log records in %.3f s for %s", recovered,
                      self.recovery_seconds, self.path)
         _open_caches[id(self)] = self
+        self._fast.log = self._log
         if _HIT_GETTER is not None and type(self).get is Cache.get:
             # get's memory hit without a Python frame: the same steps as
             # get below, any other case handed to it. A subclass that
             # overrides get keeps its own. Dropped at close (_teardown).
-            self.get = _HIT_GETTER(self, self._table, self._ticks, _OPEN, HAS_TTL,
-                                   _Frozen, RESIDENT, SLOTTED, Cache.get)
+            self.get = _HIT_GETTER(self, self._fast)
         if _HOT_SETTER is not None and type(self).set is Cache.set and \
                 self._codec.name == "safe" and not self._sync_writes and \
                 (self._log is None or type(self._log) is ReplayLog):
             # set's overwrite of a resident entry without a Python frame: the
             # hot path of set below, every other case handed to it; dropped
             # at close as get's is.
-            self.set = _HOT_SETTER(self, self._tier, self._log, self._table, self._tier.dirty,
-                                   self._ticks, self._lock, _OPEN, HAS_TTL, RESIDENT,
-                                   ReplayLog._write, MAX_KEY_BYTES, Cache.set,
-                                   _REAL_MONOTONIC[0])
+            self.set = _HOT_SETTER(self, self._fast)
         self._warm_start()  # a thread: open does not wait for it
 
 
@@ -511,9 +511,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         # _memory_hit, inlined on purpose: a call per hit costs about a fifth
         # of a pure-Python memory hit (bench.tree_compare with DURABLEKV_PURE=1)
         if self._state is _OPEN:
-            table = self._table
+            fast = self._fast
             try:
-                ref = table.get(key)
+                ref = fast.table.get(key)
             except TypeError:
                 ref = None  # the locked path raises the TypeError set() gives
             if ref is not None:
@@ -526,14 +526,14 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                     page = ref[0]
                     if page.state == RESIDENT:
                         # the tick is also the hit count (MemoryTier.ticks)
-                        page.stamp = next(self._ticks)
+                        page.stamp = next(fast.ticks)
                         return v if type(v) is not _Frozen else self._codec.decode(v.blob)
                     if page.state == SLOTTED:
                         # policy="midpoint": only a young entry is hit without
                         # the lock (an old one moves; durablekv/tier/midpoint.py)
                         stamps, slot = page.stamps, ref[1]
                         if stamps[slot] > 0:
-                            stamps[slot] = next(self._ticks)
+                            stamps[slot] = next(fast.ticks)
                             return v if type(v) is not _Frozen else self._codec.decode(v.blob)
         return self._get_locked(key, default)
 
@@ -543,9 +543,9 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         by the page's or the entry's recency tick), else ``_MISSING``.
         :class:`~durablekv.aio.AsyncCache` calls it on the event loop."""
         if self._state is _OPEN:
-            table = self._table
+            fast = self._fast
             try:
-                ref = table.get(key)
+                ref = fast.table.get(key)
             except TypeError:
                 ref = None  # the locked path raises the TypeError set() gives
             if ref is not None:
@@ -558,14 +558,14 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                     page = ref[0]
                     if page.state == RESIDENT:
                         # the tick is also the hit count (MemoryTier.ticks)
-                        page.stamp = next(self._ticks)
+                        page.stamp = next(fast.ticks)
                         return v if type(v) is not _Frozen else self._codec.decode(v.blob)
                     if page.state == SLOTTED:
                         # policy="midpoint": only a young entry is hit without
                         # the lock (an old one moves; durablekv/tier/midpoint.py)
                         stamps, slot = page.stamps, ref[1]
                         if stamps[slot] > 0:
-                            stamps[slot] = next(self._ticks)
+                            stamps[slot] = next(fast.ticks)
                             return v if type(v) is not _Frozen else self._codec.decode(v.blob)
         return _MISSING
 
@@ -579,7 +579,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         if self._state is not _OPEN:
             self._check_open()
         try:
-            ref = self._table.get(key)
+            ref = self._fast.table.get(key)
         except TypeError:
             _codec.check_key(key)  # the same TypeError as set() gives
             raise
@@ -624,7 +624,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         """
         if self._state is _OPEN:
             try:
-                ref = self._table.get(key)
+                ref = self._fast.table.get(key)
             except TypeError:
                 ref = None  # the locked path raises the TypeError set() gives
             if ref is not None and ref[2] is not HAS_TTL:
@@ -679,11 +679,12 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         with self._lock:
             if self._state is not _OPEN:
                 self._check_open()
-            tier = self._tier
+            fast = self._fast
+            tier = fast.tier
             if tier.pending >= self.max_pending_pages:
                 self._backpressure()
             if expire is None:
-                ref = tier.table.get(key)
+                ref = fast.table.get(key)
                 if ref is not None:
                     page = ref[0]
                     if ref[2] is not HAS_TTL and page.state == RESIDENT and \
@@ -691,30 +692,31 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                         # The hot path: overwrite a live, resident entry. Same
                         # steps as _append + MemoryTier.update, without the calls.
                         lsn = self._last_lsn + 1
-                        if self._log is not None:
+                        replay_log = fast.log
+                        if replay_log is not None:
                             if vb is None:
-                                self._log.append_bytes(lsn, OP_SET, kb, value, None)
+                                replay_log.append_bytes(lsn, OP_SET, kb, value, None)
                             else:
-                                self._log.append(lsn, OP_SET, kb, vb, None)
+                                replay_log.append(lsn, OP_SET, kb, vb, None)
                         try:  # (no cost unless it raises: see _failed_after_log)
                             self._last_lsn = lsn
                             page.values[ref[1]] = held
                             if type(ref) is list:
                                 ref[2] = held
                             else:  # its first overwrite (see MemoryTier)
-                                tier.table[key] = [page, ref[1], held]
+                                fast.table[key] = [page, ref[1], held]
                             page.nbytes += nbytes
                             tier.resident_bytes += nbytes
                             page.version += 1
                             if page.dirty_lsn is None:
                                 page.dirty_lsn = lsn
-                            dirty = tier.dirty
+                            dirty = fast.dirty
                             if page.page_id not in dirty:
                                 dirty[page.page_id] = page
-                                page.dirty_since = _REAL_MONOTONIC[0]()
+                                page.dirty_since = fast.monotonic()
                                 if len(dirty) == self.flush_batch_pages:
                                     self._batcher.kick()
-                            page.stamp = next(self._ticks)
+                            page.stamp = next(fast.ticks)
                             tier.locked_ticks += 1
                             if tier.max_bytes is not None and \
                                     tier.resident_bytes > tier.max_bytes:

@@ -96,6 +96,7 @@ class Lifecycle:
             if part is not None:
                 _immortal(part)
         self._store = self._log = self._batcher = None
+        self._fast.log = None
         self._lock_fd = None
 
     def _drop_fast_paths(self) -> None:

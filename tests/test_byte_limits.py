@@ -185,7 +185,7 @@ def test_an_entry_bigger_than_the_bound_is_kept_alone_then_evicted(tmp_path):
         assert c.stats().memory_hits >= 1
         c["after"] = b"a" * 100              # a new page: the big one must leave
         s = c.stats()
-        assert s.memory_bytes <= MiB and c._table["big"][0].state != RESIDENT
+        assert s.memory_bytes <= MiB and c._tier.table["big"][0].state != RESIDENT
         assert_memory_bound(c)
         assert c["big"] == big               # a page fault brings it back, alone again
         assert_memory_bound(c)
@@ -595,10 +595,10 @@ def test_a_page_faulted_in_while_the_store_evicts_it_is_written_back(tmp_path):
             # reader faults the victim in from the last committed state
             seen["key"] = None
             for i in range(10):
-                if c._table.get(f"k{i}") is None:
+                if c._tier.table.get(f"k{i}") is None:
                     got = c.get(f"k{i}")
-                    if c._table.get(f"k{i}") is not None and \
-                            c._table[f"k{i}"][0].page_id == seen["pid"]:
+                    if c._tier.table.get(f"k{i}") is not None and \
+                            c._tier.table[f"k{i}"][0].page_id == seen["pid"]:
                         seen["key"] = f"k{i}"
                         seen["value"] = got
                         break
@@ -612,7 +612,7 @@ def test_a_page_faulted_in_while_the_store_evicts_it_is_written_back(tmp_path):
         assert seen["value"] == tagged(key, int(key[1:]), 10 * KiB)
         assert c[key] == seen["value"]  # still served
         c.flush()                       # ... and written back as a new page
-        assert c._table[key][0].stored_n == 1
+        assert c._tier.table[key][0].stored_n == 1
         n = len(c)
         live = [k for k in (f"k{i}" for i in range(10)) if c.get(k) is not None]
         assert key in live and n == len(live)

@@ -1110,10 +1110,10 @@ def test_an_intenum_or_strenum_key_reads_like_a_dict_and_writes_refuse_it(tmp_pa
                 for i in range(4):  # evicts every other page (max_pages=2)
                     c[f"filler{i}"] = i
                 c.flush()
-                assert all(c._table.get(k) is None for k in stored)
+                assert all(c._tier.table.get(k) is None for k in stored)
             elif plain in stored:
                 c.get(plain)
-                assert c._table[plain][0].state == RESIDENT
+                assert c._tier.table[plain][0].state == RESIDENT
 
         cases = ((I.ONE, 1), (S.A, "a"), ((I.ONE, S.A), (1, "a")))
         for key, plain in cases:

@@ -155,7 +155,7 @@ def _step(c: Cache, op: str, key: str, value) -> object:
 def _recency(c: Cache) -> dict:
     """Each page's recency stamps in memory: the page's own, and its
     entries' under midpoint (the LRU order, tick for tick)."""
-    pages = {ref[0].page_id: ref[0] for ref in c._table.values()}
+    pages = {ref[0].page_id: ref[0] for ref in c._tier.table.values()}
     return {pid: (p.stamp, tuple(getattr(p, "stamps", ()))) for pid, p in pages.items()}
 
 
@@ -234,7 +234,7 @@ def _log_bytes(c: Cache) -> bytes:
 
 
 def _pages(c: Cache) -> dict:
-    pages = {ref[0].page_id: ref[0] for ref in c._table.values()}
+    pages = {ref[0].page_id: ref[0] for ref in c._tier.table.values()}
     return {pid: (p.nbytes, p.version, p.dirty_lsn, p.stamp, list(p.values))
             for pid, p in pages.items()}
 

@@ -329,7 +329,7 @@ def test_a_byte_bound_evicts_entries_not_pages(tmp_path):
         st_ = c.stats()
         assert 30_000 < st_.memory_bytes <= 64 * 1024
         assert c._tier.evictions == 5     # 5 x 1,012 bytes make room for 30,013
-        assert c._table["s39"][0].where[c._table["s39"][1]] == YOUNG
+        assert c._tier.table["s39"][0].where[c._tier.table["s39"][1]] == YOUNG
         c["huge"] = b"H" * 100_000             # bigger than the bound: alone
         assert c._tier.entries == 1
         assert c.stats().memory_bytes > 64 * 1024

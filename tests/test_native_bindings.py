@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from durablekv import Cache
+from durablekv.fastpath import FastPath
 
 SOURCE = Path(__file__).resolve().parents[1] / "durablekv" / "_native.c"
 
@@ -38,6 +39,37 @@ def interned_names() -> set[str]:
     names = set(re.findall(r'INTERN\(\w+, "(\w+)"\)', text))
     names |= set(re.findall(r'PyUnicode_InternFromString\("(\w+)"\)', text))
     return names
+
+
+def fast_path_fields() -> set[str]:
+    """The FastPath fields the C getter and setter read at construction."""
+    text = SOURCE.read_text()
+    names = set(re.findall(r'fast_long\(args\[1\], "(\w+)"', text))
+    for body in re.findall(r'static const char \*const names\[\] = \{([^}]*)\}', text):
+        names |= set(re.findall(r'"(\w+)"', body))
+    return names
+
+
+def test_the_c_code_reads_every_fast_path_field_and_no_other():
+    """The fast path object is the one list of what the two hot paths take:
+    a field the C code does not read is dead, one it reads that the object
+    lacks fails at open."""
+    assert fast_path_fields() == set(FastPath.__slots__)
+
+
+def test_a_fast_path_object_without_a_field_is_refused_by_name(tmp_path):
+    native = pytest.importorskip("durablekv._native")
+
+    class Partial:
+        resident = slotted = 1
+        max_key_bytes = 100
+
+    with Cache(tmp_path / "c") as cache:
+        for build in (native.hit_getter, native.hot_setter):
+            with pytest.raises(TypeError, match="lacks the field"):
+                build(cache, Partial())
+            with pytest.raises(TypeError, match="2 arguments"):
+                build(cache)
 
 
 def test_the_list_above_is_every_name_the_c_code_binds():

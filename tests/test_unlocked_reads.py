@@ -40,13 +40,16 @@ class _RacingTable:
             race()
         return ref
 
+    def __setitem__(self, key, entry) -> None:  # set's overwrite reads the same table
+        self.table[key] = entry
+
 
 def _python_get(c) -> None:
     """Run ``c.get`` as the Python ``Cache.get``, whose steps these tests
-    interleave (through ``c._table`` and ``c._ticks``). The C memory hit
+    interleave (through ``c._fast.table`` and ``c._fast.ticks``). The C memory hit
     that an open cache installs when the extension runs takes the same
     steps with no Python code between them, so no other thread can run
-    there under the GIL: tests/test_hit_getter.py checks it against this
+    there under the GIL: tests/test_hot_paths.py checks it against this
     path."""
     c.__dict__.pop("get", None)
 
@@ -64,7 +67,7 @@ def test_a_slot_reused_after_the_lookup_never_gives_the_new_keys_value(cache_dir
             c.set("b", b"value of b")
             assert tier.table["b"][:2] == (page, slot) and page.state == RESIDENT
 
-        c._table = _RacingTable(tier.table, "a", race)
+        c._fast.table = _RacingTable(tier.table, "a", race)
         # the value a had when the lookup found it: the read came first
         assert c.get("a", "missing") == b"value of a"
         assert c.get("a", "missing") == "missing"
@@ -77,12 +80,12 @@ def test_an_overwrite_after_the_lookup_gives_the_old_value_or_the_new(cache_dir)
         _python_get(c)
         c.set("a", b"old")
         assert type(c._tier.table["a"]) is tuple
-        c._table = _RacingTable(c._tier.table, "a", lambda: c.set("a", b"new"))
+        c._fast.table = _RacingTable(c._tier.table, "a", lambda: c.set("a", b"new"))
         # the first overwrite replaces the tuple the lookup found with a list
         assert c.get("a") == b"old"
         entry = c._tier.table["a"]
         assert type(entry) is list
-        c._table = _RacingTable(c._tier.table, "a", lambda: c.set("a", b"newer"))
+        c._fast.table = _RacingTable(c._tier.table, "a", lambda: c.set("a", b"newer"))
         # later ones store into that list, which the read loads from after them
         assert c.get("a") == b"newer"
         assert c._tier.table["a"] is entry
@@ -101,10 +104,10 @@ def test_an_eviction_after_the_lookup_serves_the_value_and_keeps_the_lru_sound(c
             c.set("c", b"2")   # a is the LRU page: evicted, and clean, so dropped
             assert "a" not in c._tier.table
 
-        c._table = _RacingTable(c._tier.table, "a", race)
+        c._fast.table = _RacingTable(c._tier.table, "a", race)
         assert c.get("a") == b"value of a"   # live when the lookup found it
         _check_lru_heap(c._tier)             # the stray touch of a dropped page
-        c._table = c._tier.table
+        c._fast.table = c._tier.table
         assert c.get("a") == b"value of a"   # now through the store
         assert c.stats().store_hits == 1
         _check_lru_heap(c._tier)
@@ -135,7 +138,7 @@ def test_an_overwrite_with_an_expiry_is_never_served_from_the_lookup_alone(cache
         assert c._tier.table["b"][2] is HAS_TTL
         assert c.get("b") is None
         c.set("a", b"old")
-        c._ticks = _RacingTicks(c._tier.ticks,
+        c._fast.ticks = _RacingTicks(c._tier.ticks,
                                 lambda: c.set("a", b"never live", expire=1e-7))
         assert c.get("a") == b"old"   # found before the overwrite
         assert c.get("a") is None
@@ -156,7 +159,7 @@ def test_an_entry_that_loses_its_expiry_is_read_without_the_lock_again(cache_dir
 def test_in_answers_for_the_instant_of_its_lookup(cache_dir):
     with opened(cache_dir, page_size=1, max_pages=8) as c:
         c.set("a", b"1")
-        c._table = _RacingTable(c._tier.table, "a", lambda: (c.delete("a"), c.set("b", b"2")))
+        c._fast.table = _RacingTable(c._tier.table, "a", lambda: (c.delete("a"), c.set("b", b"2")))
         assert "a" in c   # it was there when the lookup found it
         assert "a" not in c
         assert "b" in c
@@ -176,9 +179,9 @@ def test_in_never_finds_an_expired_entry_whose_slot_was_reused(cache_dir):
             c.set("b", b"2")      # which "b" takes, with no TTL
             assert c._tier.table["b"][2] == b"2"
 
-        c._table = _RacingTable(c._tier.table, "a", race)
+        c._fast.table = _RacingTable(c._tier.table, "a", race)
         assert "a" not in c
-        c._table = c._tier.table
+        c._fast.table = c._tier.table
         assert "a" not in c and "b" in c
         assert c.stats().misses == 1   # the race's get; `in` counts nothing
 
@@ -377,7 +380,7 @@ def test_on_a_free_threaded_build_every_get_takes_the_lock(tmp_path):
         "        def get(self, key, default=None):\n"
         "            assert c._lock.locked(), 'a page-table read without the lock'\n"
         "            return c._tier.table.get(key, default)\n"
-        "    c._table = LockedOnly()\n"
+        "    c._fast.table = LockedOnly()\n"
         "    assert c.get('a') == b'1' and c['a'] == b'1' and c.get('b', 2) == 2\n"
         "    assert 'a' in c and 'b' not in c\n"
         "    assert c.stats().memory_hits == 2\n"
