@@ -340,3 +340,25 @@ def test_insert_many_without_a_budget_takes_everything():
     assert t.insert_many(keys, keys, [None] * 37, [10] * 37, 0.0, 5) == 37
     assert len(t.table) == 37 and len(t.pages) == 10 and len(t.dirty) == 10
     assert all(p.dirty_lsn == 5 for p in t.pages.values())
+
+
+def test_each_tier_builds_only_its_own_policy(monkeypatch):
+    """The tier factory builds one policy object per tier: the entry tier
+    (policy="midpoint") does not also build, and then drop, a page LRU."""
+    from durablekv.policies import lru, midpoint, tinylfu
+    from durablekv.tier import make_tier
+    from durablekv.tier.midpoint import SlotPage
+
+    built = []
+    for cls in (lru.LRU, midpoint.Midpoint, tinylfu.TinyLFU):
+        init = cls.__init__
+        monkeypatch.setattr(cls, "__init__",
+                            lambda self, *a, _init=init, _cls=cls, **k:
+                            (built.append(_cls.__name__), _init(self, *a, **k))[1])
+    for name, want in (("lru", "LRU"), ("midpoint", "Midpoint"), ("tinylfu", "TinyLFU")):
+        built.clear()
+        tier = make_tier(4, 8, name)
+        assert built == [want] and type(tier.policy).__name__ == want
+        tier.insert("k", b"v", None, 0.0, 1, 6)
+        page = tier.table["k"][0]
+        assert (type(page) is SlotPage) == (name == "midpoint")

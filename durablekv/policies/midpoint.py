@@ -77,6 +77,10 @@ class Midpoint:
         self._tokens = count(1)
         self._warm_tokens = count(-1, -1)  # FIFO tokens of the LRU end (unique, ordered)
 
+    def page_factory(self, page_cls: type) -> Any:
+        """``page_cls`` itself: the tier's pages (with per-slot recency)."""
+        return page_cls
+
     @property
     def entries(self) -> int:
         """Entries in the two sublists."""

@@ -122,18 +122,20 @@ class MidpointTier(MemoryTier):
     #: :func:`~durablekv.stores.pageformat.entry_sizes`).
     per_entry = True
 
+    page_class = SlotPage
+
     def __init__(self, page_size: int, max_pages: int, max_bytes: int | None = None) -> None:
-        super().__init__(page_size, max_pages)
+        #: the order of the entries in memory (young and old sublists), over a
+        #: budget of ``max_pages * page_size`` entries
+        self.policy: Midpoint
+        super().__init__(page_size, max_pages,
+                         policy=lambda tier: Midpoint(tier, max_pages * page_size))
         # (MemoryTier's byte bound is per page: its paths that evict pages
         # for bytes are not used here; _rebalance evicts entries for bytes)
         self.max_bytes = max_bytes
         if max_bytes is not None:
             self.page_bytes_limit = min(self.page_bytes_limit, max_bytes)
         self.live_bytes = 0  # bytes of the young and old entries
-        self._new_page = SlotPage
-        #: the order of the entries in memory (young and old sublists), over a
-        #: budget of ``max_pages * page_size`` entries
-        self.policy: Midpoint = Midpoint(self, max_pages * page_size)
         self.reloads = 0
         #: ``fill_open(page)``: read the unloaded entries of the open page back
         #: in before an insert (the cache's ``_whole``: I/O, lock held).

@@ -39,9 +39,10 @@ access). The design is a database buffer pool shrunk to key/value entries
 from __future__ import annotations
 
 from itertools import accumulate, chain, count, islice, repeat
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..policies import make_policy
+from ..policies.base import EvictionPolicy
 
 __all__ = ["Page", "MemoryTier", "EMPTY", "HAS_TTL", "PAGE_BYTES_LIMIT", "UNLOADED"]
 
@@ -168,7 +169,9 @@ class MemoryTier:
         a page holding one entry bigger than the bound can pass it alone.
     :param policy: the replacement policy's name, ``"lru"`` or ``"tinylfu"``
         (:func:`durablekv.policies.make_policy` builds it; it chooses the
-        pages that leave). Dirty victims go pending either way.
+        pages that leave), or a callable that builds the policy object from
+        the tier (a tier subclass's own policy). Dirty victims go pending
+        either way.
 
     Public attributes are read directly by the cache's hot path:
     ``table`` (key -> page-table entry, see below), ``ticks`` (the recency clock: an access
@@ -195,7 +198,12 @@ class MemoryTier:
       was live until that moment.
     """
 
-    def __init__(self, page_size: int, max_pages: int, policy: str = "lru",
+    #: The page class of this residency granularity (a policy may wrap it:
+    #: see :meth:`~durablekv.policies.base.EvictionPolicy.page_factory`).
+    page_class: type = Page
+
+    def __init__(self, page_size: int, max_pages: int,
+                 policy: str | Callable[[MemoryTier], EvictionPolicy] = "lru",
                  max_bytes: int | None = None) -> None:
         self.page_size = page_size
         self.max_pages = max_pages
@@ -227,8 +235,8 @@ class MemoryTier:
         self._all_slots = list(range(page_size))
         #: the replacement policy (:mod:`durablekv.policies`): the order in
         #: which resident pages leave
-        self.policy = make_policy(policy, self)
-        self._new_page: Any = self.policy.page_factory(Page)
+        self.policy = make_policy(policy, self) if isinstance(policy, str) else policy(self)
+        self._new_page: Any = self.policy.page_factory(self.page_class)
 
     # -- residency -------------------------------------------------------------
 
