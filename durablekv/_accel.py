@@ -92,7 +92,8 @@ native, accelerated = _load()
 #: Where each kernel's module looks the extension up: (module, global name,
 #: the value that turns the kernel on).
 def _switches() -> list[tuple[ModuleType, str, object]]:
-    from . import cache, codec, logsegments, replaylog
+    from . import cache, codec
+    from .log import replaylog, segments as logsegments
     from .stores import pageformat
     if native is None:
         return []

@@ -1,7 +1,7 @@
 /* durablekv._native: C kernels for the replay log, the page blobs and the
  * memory hit of Cache.get.
  *
- * Every function here has a pure-Python twin (durablekv/logsegments.py,
+ * Every function here has a pure-Python twin (durablekv/log/segments.py,
  * durablekv/codec.py, durablekv/stores/pageformat.py) that stays the
  * reference: the on-disk bytes are the same byte for byte, and where input
  * is damaged or of an unusual shape the kernel hands back to the Python

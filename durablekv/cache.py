@@ -9,8 +9,10 @@ Data flow (see ``docs/architecture.md``)::
     get ─► page table ─(miss)─► key index ─► page fault (page read back)
 
 The class is assembled from one module per component (mixins over the
-cache's own state, so the hot path reads the page table and counters with
-no extra hop): :mod:`~durablekv.recovery` (open: log suffix -> memory tier),
+cache's own state) and parts it holds: the log's recovery
+(:class:`~durablekv.log.recovery.LogReplay`, open: log suffix -> memory
+tier), the key counts (:class:`~durablekv.counts.KeyCounts`), the hot paths'
+fields (:class:`~durablekv.fastpath.FastPath`); the mixins are
 :mod:`~durablekv.faults` (key index, page faults), :mod:`~durablekv.expiry`
 (TTL clock, sweeps), :mod:`~durablekv.writeback` (what the batcher calls),
 :mod:`~durablekv.scan` (iteration), :mod:`~durablekv.atomic`
@@ -41,7 +43,7 @@ import stat
 import sysconfig
 import threading
 from collections.abc import MutableMapping
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from . import codec as _codec
 from .atomic import AtomicOps
@@ -57,6 +59,7 @@ from .dirlock import _acquire_dir_lock, _move_aside
 from . import pgwire as _pgwire
 from .errors import (CacheClosedError, CacheFailedError, ConfigError, CorruptStoreError,
                      WriteBehindError)
+from .counts import KeyCounts
 from .expiry import Expiry
 from .fastpath import FastPath
 from .faults import PageFaults
@@ -67,9 +70,9 @@ from .memoize import memoize as _memoize
 from .nowait import NoWait
 from .tier import HAS_TTL, RESIDENT, SLOTTED, MemoryTier, make_tier
 from .policies import check_policy
-from .recovery import Recovery, _gc_paused
-from .logsegments import OP_CLEAR, OP_SET, _first_lsn_of, list_segments
-from .replaylog import ReplayLog
+from .log.recovery import LogReplay, gc_paused as _gc_paused
+from .log.segments import OP_CLEAR, OP_SET, _first_lsn_of, list_segments
+from .log.replaylog import ReplayLog
 from .scan import Scans
 from .stores.sqlite import SQLitePageStore
 from .stores.sqlitefile import STORE_FILE, check_store_files
@@ -115,7 +118,7 @@ def _unwritable(path: str, exc: OSError) -> str:
             "this user's (a cache directory is private to its owner: docs/files.md)")
 
 
-class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
+class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
             Lifecycle, Introspection, WarmRestart, MutableMapping):
     """A persistent key/value cache: memory-speed reads, writes that survive a crash.
 
@@ -383,8 +386,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
                               max_key_bytes=MAX_KEY_BYTES, monotonic=_REAL_MONOTONIC[0],
                               get=Cache.get, set=Cache.set)
         self._tier.next_page_id = store.max_page_id + 1
-        self._count = store.key_count
-        self._ttl_count = store.ttl_key_count
+        self._counts = KeyCounts(store.key_count, store.ttl_key_count)
         self._last_lsn = store.checkpoint_lsn
         self._clear_pending = False
         self._clear_lsn = 0
@@ -429,12 +431,7 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             self._batcher.start()
             recovered = len(result.records)
             if recovered:
-                try:
-                    self._replay(result.records)
-                except (ValueError, TypeError, IndexError) as exc:
-                    # a record whose CRC holds but whose key or value does not
-                    # decode (hand-made, or nested past MAX_NESTING)
-                    raise self._undecodable_record(result.records, exc) from exc
+                self._replay(result.records)
             self._sweep_on = True
             # Free the records before the collector runs again: it then
             # walks only what the memory tier keeps.
@@ -480,6 +477,26 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
             self.set = _HOT_SETTER(self, self._fast)
         self._warm_start()  # a thread: open does not wait for it
 
+
+    def _replay(self, records: Sequence[tuple]) -> None:
+        """Apply the log records recovered at open (``(lsn, op, key, value,
+        expire_at)`` after the store's checkpoint, in LSN order) through a
+        :class:`~durablekv.log.recovery.LogReplay`, under the lock; then take
+        its last LSN on.
+
+        :raises LogCorruptionError: a record cannot be decoded.
+        """
+        with self._lock:
+            replay = LogReplay(
+                self._tier, self._store, self._codec, self._counts, directory=self.path,
+                max_pending_pages=self.max_pending_pages, clear=self._apply_clear,
+                fault_in=self._fault_in, whole=self._whole, backpressure=self._backpressure,
+                reserve_filter=self._filter_reserve,
+                nothing_stored=lambda: self._clear_pending, key_filter=lambda: self._filter)
+            self._last_lsn = replay.apply(records)
+            self._absent = _MISSING
+            if len(self._tier.dirty) >= self.flush_batch_pages:
+                self._batcher.kick()
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -813,19 +830,20 @@ class Cache(Recovery, PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath
         memory left empty by the removals leaves the LRU, as after a delete)."""
         with self._lock:
             self._check_open()
-            if not self._ttl_count:
-                return self._count
+            counts = self._counts
+            if not counts.ttl_keys:
+                return counts.keys
             now = self._now()
             self._expire_in_memory(now)
-            if self._clear_pending or not self._ttl_count:
-                return self._count
+            if self._clear_pending or not counts.ttl_keys:
+                return counts.keys
             # A page not in memory is exactly as committed, and its index
             # rows carry its entries' expiries; a page in memory was counted
             # above.
             pages = self._tier.pages
             # (a page in memory in part, policy="midpoint", holds no expired
             # loaded entry now: expiring one read the page in whole)
-            return self._count - sum(n for pid, n in self._store.expired_by_page(now)
+            return counts.keys - sum(n for pid, n in self._store.expired_by_page(now)
                                      if pid not in pages or pages[pid].unloaded)
 
 

@@ -32,8 +32,8 @@ from typing import Any
 from .dirlock import LOCK_FILE, lock_directory, lock_owner_pid
 from .codec import SafeCodec, canonical_key, decode_key
 from .errors import CacheLockedError
-from .logcontrol import cut_from_mapped, missing_records, position_problem, read_control
-from .logsegments import OP_SET, _record_offset, list_segments, scan_segment_file, start_gap_detail
+from .log.control import cut_from_mapped, missing_records, position_problem, read_control
+from .log.segments import OP_SET, _record_offset, list_segments, scan_segment_file, start_gap_detail
 from .stores.base import meta_problems
 from .stores.pageformat import decode_page, page_crc
 from .stores.sqlitefile import STORE_FILE, migration_files, read_only_uri
@@ -438,7 +438,7 @@ def _undecodable(rec: tuple, values) -> str | None:
 
 def _check_log(directory: str, checkpoint: int, r: CheckResult,
                serializer: str | None = None) -> None:
-    """Read the log as the next open will (:func:`~durablekv.logsegments.scan_segment`):
+    """Read the log as the next open will (:func:`~durablekv.log.segments.scan_segment`):
     damage or an LSN gap that can hide only records at or below the
     checkpoint loses nothing, and recovery steps over it, so it is a note."""
     segments = list_segments(directory)

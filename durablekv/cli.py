@@ -757,7 +757,7 @@ def _cmd_salvage(args: argparse.Namespace) -> int:
         raise ConfigError(f"no such directory: {directory!r}; name a cache directory")
     if not os.path.isdir(directory):
         raise ConfigError(f"{directory!r} is a file, not a cache directory")
-    from .logsegments import list_segments
+    from .log.segments import list_segments
     from .stores.sqlitefile import STORE_FILE
     store = os.path.join(directory, STORE_FILE)
     if not list_segments(directory) and not (os.path.exists(store) and os.path.getsize(store)):

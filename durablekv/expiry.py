@@ -61,8 +61,7 @@ class Expiry:
         if page.unloaded:
             self._whole(page)
         self._tier.remove(key, _REAL_MONOTONIC[0](), self._last_lsn + 1)
-        self._count -= 1
-        self._ttl_count -= 1
+        self._counts.removed(1, 1)
         self._expirations += 1
 
     def expire(self, *args: Any, **kwargs: Any) -> int:
@@ -99,13 +98,13 @@ class Expiry:
             raise _expire_args_refused(args, kwargs)
         with self._lock:
             self._check_open()
-            if not self._ttl_count:
+            if not self._counts.ttl_keys:
                 return 0
             now = self._now()
             tier = self._tier
             removed = self._expire_in_memory(now)
             seen: set[int] = set()  # each page is done at most once
-            while self._ttl_count and not self._clear_pending:
+            while self._counts.ttl_keys and not self._clear_pending:
                 room = self.max_pending_pages - tier.pending
                 if room <= 0:
                     self._backpressure()  # the lock is released meanwhile
@@ -156,7 +155,7 @@ class Expiry:
         while budget > 0:
             with self._lock:
                 tier = self._tier
-                if self._state is not _OPEN or not self._ttl_count or self._clear_pending:
+                if self._state is not _OPEN or not self._counts.ttl_keys or self._clear_pending:
                     break
                 # (at least one page: max_pending_pages may be 1)
                 room = min(budget, _SWEEP_SLICE,

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from .config import _FORKED, _MISSING, _REAL_MONOTONIC, _stats_args_refused, _tags_refused
-from .recovery import _count_of
 from .stats import CacheStats, HistogramSnapshot
 
 
@@ -38,7 +37,7 @@ class Introspection:
                 if first.dirty_since is not None:
                     oldest = max(0.0, _REAL_MONOTONIC[0]() - first.dirty_since)
             # lock-free hits: the LRU ticks not drawn under the lock
-            unlocked = _count_of(tier.ticks) - 1 - tier.locked_ticks
+            unlocked = tier.next_tick() - 1 - tier.locked_ticks
             memory_hits = self._memory_hits + unlocked
             s = dict(
                 hits=memory_hits + self._store_hits, memory_hits=memory_hits,

@@ -15,8 +15,8 @@ from typing import Any
 
 from ._perms import FILE_MODE
 from .errors import ConfigError
-from .logsegments import list_segments
-from .replaylog import _fsync_dir
+from .log.segments import list_segments
+from .log.replaylog import _fsync_dir
 from .stores.sqlitefile import STORE_FILE
 
 __all__ = ["check_store_args", "open_store", "open_log", "bind_directory", "is_postgres_url",

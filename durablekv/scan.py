@@ -220,7 +220,7 @@ class Scans:
         for key in keys:
             with self._lock:
                 self._check_open()
-                if self._last_lsn != lsn or self._ttl_count:
+                if self._last_lsn != lsn or self._counts.ttl_keys:
                     entry = self._scan_lookup(key, self._now())
                     if entry is None:
                         continue

@@ -62,7 +62,6 @@ from ._perms import replace_private_file
 from ._threads import join_thread, start_thread
 from .config import _OPEN, _REAL_MONOTONIC
 from .errors import CorruptStoreError, StoreError
-from .recovery import _count_of
 
 __all__ = ["RESIDENCY_FILE", "RESIDENCY_INTERVAL", "WARM_BATCH", "MAX_LISTED_PAGES",
            "encode_residency", "decode_residency"]
@@ -379,7 +378,7 @@ class WarmRestart:
         now = _REAL_MONOTONIC[0]()
         if now - self._residency_saved_at < RESIDENCY_INTERVAL:
             return
-        ticks = _count_of(self._tier.ticks)
+        ticks = self._tier.next_tick()
         if ticks == self._residency_saved_ticks:
             return
         if self._warm_thread is not None and not self._warm_done.is_set():

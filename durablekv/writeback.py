@@ -180,7 +180,7 @@ class WriteBack:
         if f.ready:
             f.add_many(cks)
             if f.overfull and self._filter_building is None:
-                self._start_filter_build(KeyFilter(4 * max(f.added, self._count)))
+                self._start_filter_build(KeyFilter(4 * max(f.added, self._counts.keys)))
 
     def _filter_reserve(self, n: int) -> None:
         """Make room for ``n`` new keys entering the memory tier at once
@@ -200,7 +200,7 @@ class WriteBack:
             self._filter = KeyFilter(2 * n)
             self._filter.ready = True
             return
-        self._start_filter_build(KeyFilter(2 * (max(target.added, self._count) + n)))
+        self._start_filter_build(KeyFilter(2 * (max(target.added, self._counts.keys) + n)))
 
     def _start_filter_build(self, target: KeyFilter) -> None:
         """Start building ``target`` (lock held, or at open): the store's keys go
@@ -339,8 +339,7 @@ class WriteBack:
         for pid, n, ttl_n in evicted:
             page = tier.pages.get(pid)
             if page is None:
-                self._count -= n
-                self._ttl_count -= ttl_n
+                self._counts.removed(n, ttl_n)
                 continue
             page.stored_n = page.stored_ttl_n = 0
             page.stored_keys_version = page.keys_version - 1

@@ -17,7 +17,7 @@ from .config import (MAX_KEY_BYTES, MAX_VALUE_BYTES_LIMIT, _FAILED, _MISSING, _O
                      _REAL_MONOTONIC, _U32_PACK, _key_too_long)
 from .errors import LogWriteError, WriteBehindError
 from .keyfilter import KeyFilter
-from .logsegments import OP_DELETE, OP_SET
+from .log.segments import OP_DELETE, OP_SET
 
 
 class WritePath:
@@ -58,7 +58,7 @@ class WritePath:
             old = page.expires[slot]
             if tier.fits(page, nbytes):
                 tier.update(page, slot, held, expire_at, now, lsn, nbytes)
-                self._ttl_count += (expire_at is not None) - (old is not None)
+                self._counts.expiry_changed(old is not None, expire_at is not None)
                 tier.hit(page, slot)
             else:
                 # The page would outgrow PAGE_BYTES_LIMIT: move the entry to
@@ -66,13 +66,11 @@ class WritePath:
                 key = page.keys[slot]
                 tier.remove(key, now, lsn)
                 tier.insert(key, held, expire_at, now, lsn, nbytes)
-                self._ttl_count += (expire_at is not None) - (old is not None)
+                self._counts.expiry_changed(old is not None, expire_at is not None)
         else:
             tier.insert(key, held, expire_at, now, lsn, nbytes)
             self._absent = _MISSING  # (the key filter gets it when a flush stores it)
-            self._count += 1
-            if expire_at is not None:
-                self._ttl_count += 1
+            self._counts.added(1, expire_at is not None)
         if tier.pending * 2 >= self.max_pending_pages:
             self._batcher.kick(urgent=True)
         elif len(tier.dirty) == self.flush_batch_pages:
@@ -82,10 +80,9 @@ class WritePath:
         page, slot, _ = self._tier.table[key]
         if page.unloaded:
             self._whole(page)
-        if page.expires[slot] is not None:
-            self._ttl_count -= 1
+        had_ttl = page.expires[slot] is not None
         self._tier.remove(key, _REAL_MONOTONIC[0](), lsn)
-        self._count -= 1
+        self._counts.removed(1, had_ttl)
         if self._tier.pending * 2 >= self.max_pending_pages:
             self._batcher.kick(urgent=True)
 
@@ -94,8 +91,7 @@ class WritePath:
         self._filter = KeyFilter(self._filter.capacity)
         self._filter.ready = True  # the store is about to be emptied
         self._filter_building = None
-        self._count = 0
-        self._ttl_count = 0
+        self._counts.cleared()
         self._clear_pending = True
         self._clear_lsn = lsn
 

@@ -264,7 +264,7 @@ def simulate_restart(directory) -> None:
     was written (``replay.control`` gets another boot id): what a test that
     fakes a power loss's damage must do, since after a mere crash the log's
     checks know that nothing the OS held can be missing."""
-    from durablekv.logcontrol import read_control, write_control
+    from durablekv.log.control import read_control, write_control
     control, why = read_control(str(directory))
     assert why is None, why
     if control is not None:  # (none: a clean close, or everything was checkpointed)
@@ -277,7 +277,7 @@ def as_write_appended(directory) -> None:
     its last record by hand, so that a cut tail then reads as a torn write
     (on a mapped segment, a file shorter than its preallocated size is a cut,
     which recovery refuses)."""
-    from durablekv.logcontrol import read_control, write_control
+    from durablekv.log.control import read_control, write_control
     control, why = read_control(str(directory))
     assert why is None, why
     if control is not None:

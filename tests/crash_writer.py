@@ -29,7 +29,7 @@ import sys
 import time
 
 from durablekv import Cache
-from durablekv.replaylog import ReplayLog
+from durablekv.log.replaylog import ReplayLog
 from durablekv.stores.sqlite import SQLitePageStore
 
 OUT = sys.stdout.fileno()

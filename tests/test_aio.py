@@ -11,7 +11,7 @@ import pytest
 
 from durablekv import Cache
 from durablekv.aio import AsyncCache
-from durablekv.replaylog import ReplayLog
+from durablekv.log.replaylog import ReplayLog
 from durablekv.stats import CacheStats
 from durablekv.stores.sqlite import SQLitePageStore
 

@@ -228,7 +228,7 @@ def test_atomic_ops_on_a_failed_cache_raise(tmp_path, monkeypatch):
     import errno
 
     from durablekv import CacheFailedError, LogWriteError
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log.replaylog import ReplayLog
     c = Cache(tmp_path / "c", durability="fsync", flush_interval=3600)
     c["a"] = 1
 

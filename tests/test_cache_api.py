@@ -561,7 +561,7 @@ def test_bad_config_is_a_configerror(tmp_path, kw):
 def test_the_smallest_segment_bytes_is_accepted_and_rolls_segments(tmp_path):
     """README: ``segment_bytes`` is at least 1024 (below, ConfigError above)."""
     from durablekv.config import MIN_SEGMENT_BYTES
-    from durablekv.logsegments import list_segments
+    from durablekv.log.segments import list_segments
     assert MIN_SEGMENT_BYTES == 1024
     with open_cache(tmp_path / "c", segment_bytes=1024) as c:
         for i in range(100):

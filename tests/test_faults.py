@@ -22,9 +22,9 @@ import pytest
 from durablekv import (Cache, CacheClosedError, CacheFailedError, FlushTimeoutError, LogWriteError,
                        WriteBehindError)
 from durablekv.check import check_directory
-from durablekv.logsegments import list_segments
-from durablekv import logcontrol, replaylog
-from durablekv.replaylog import ReplayLog
+from durablekv.log.segments import list_segments
+from durablekv.log import control as logcontrol, replaylog
+from durablekv.log.replaylog import ReplayLog
 
 REPO = Path(__file__).resolve().parents[1]
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
@@ -164,7 +164,7 @@ def test_power_loss_log_mode_keeps_segments_created_since_the_last_fsync(tmp_pat
     fsync, which must do it: here a power loss also drops every segment
     created since the last directory fsync, and the writes before the last
     log fsync must all survive, with no LSN gap."""
-    import durablekv.replaylog as replaylog
+    import durablekv.log.replaylog as replaylog
 
     pl = PowerLossLog(monkeypatch)
     named: set[str] = set()
@@ -775,7 +775,7 @@ def test_a_short_log_write_is_cut_off_and_the_log_stays_whole(tmp_path, monkeypa
     """A write(2) that stores only part of a record (a full disk can do that)
     raises LogWriteError, and the part is cut off again; where that cut fails
     too, the next set retries it and refuses to write behind the torn part."""
-    from durablekv import replaylog
+    from durablekv.log import replaylog
 
     monkeypatch.setattr(replaylog, "mapped_append_refusal", lambda *args: "a test's write(2)")
     real_write, real_ftruncate = ReplayLog._write, os.ftruncate

@@ -124,7 +124,7 @@ def test_a_64_mib_zero_filled_log_tail_is_cut_in_bounded_work(tmp_path, caplog):
     """A power loss can leave a zero-filled tail; a huge one is skipped in
     blocks (a few candidate offsets, not one Python step per byte), cut off,
     and the open says how many bytes it cut."""
-    from durablekv import logsegments
+    from durablekv.log import segments as logsegments
     d = tmp_path / "c"
     cache = Cache(d, durability="fsync", **NEVER)
     for i in range(100):
@@ -145,7 +145,8 @@ def test_a_resync_search_through_garbage_gives_up_and_says_so(tmp_path, monkeypa
     """Garbage (not zeros) behind a damaged record: the search for the next
     intact record stops after RESYNC_LIMIT offsets, and the damage is
     refused (intact records may lie behind it), naming what was not searched."""
-    from durablekv import LogCorruptionError, logsegments
+    from durablekv import LogCorruptionError
+    from durablekv.log import segments as logsegments
     monkeypatch.setattr(logsegments, "RESYNC_LIMIT", 10_000)
     d2 = tmp_path / "d"
     cache = Cache(d2, durability="fsync", **NEVER)
@@ -216,7 +217,7 @@ def test_a_deeply_nested_log_record_is_damage_not_a_recursion_error(tmp_path, wh
     RecursionError."""
     from durablekv import DurableKVError
     from durablekv.cli import main
-    from durablekv.logsegments import OP_SET, encode_record
+    from durablekv.log.segments import OP_SET, encode_record
     d = tmp_path / "c"
     cache = Cache(d, durability="fsync", **NEVER)
     cache["a"] = 1
@@ -410,7 +411,7 @@ def test_a_segment_the_directory_refuses_is_log_write_error_not_permission_error
 
     def full(self, fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log.replaylog import ReplayLog
     monkeypatch.setattr(ReplayLog, "_write", full)
     with pytest.raises(LogWriteError) as exc:
         Cache(d)

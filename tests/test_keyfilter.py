@@ -370,7 +370,7 @@ def test_recovery_that_flushes_at_open_fills_the_filter(tmp_path, how):
     filter when open returns."""
     from pathlib import Path
 
-    from durablekv.logsegments import HEADER, MAGIC, list_segments
+    from durablekv.log.segments import HEADER, MAGIC, list_segments
 
     from .test_recovery import crash
     d = tmp_path / "c"

@@ -307,7 +307,7 @@ def test_an_interrupt_in_the_last_steps_of_close_still_releases_the_directory(
     warm-restart list, closes the log or closes the store: what is left is
     still released (the log kept, so nothing acknowledged depends on the cut
     step), and the cache reopens in this process with every entry."""
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log.replaylog import ReplayLog
     from durablekv.stores.sqlite import SQLitePageStore
     from durablekv.warm import WarmRestart
 
@@ -424,8 +424,8 @@ def test_an_interrupt_as_a_log_record_is_written_leaves_the_log_whole(tmp_path, 
     went on (a REPL) logged its next set under the same LSN, and after a
     crash the log could not be opened ('LSN 2 follows 2'); salvaging it
     dropped that acknowledged set. The record of a set that raised is cut."""
-    from durablekv import replaylog
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log import replaylog
+    from durablekv.log.replaylog import ReplayLog
 
     monkeypatch.setattr(replaylog, "mapped_append_refusal", lambda *args: "a test's write(2)")
     armed = []

@@ -17,7 +17,7 @@ import pytest
 from durablekv import Cache, CorruptStoreError, LogCorruptionError
 from durablekv.check import check_directory
 from durablekv.cli import main
-from durablekv.logsegments import HEADER, MAGIC, list_segments, read_segment
+from durablekv.log.segments import HEADER, MAGIC, list_segments, read_segment
 from .conftest import simulate_restart
 
 NEVER = dict(flush_interval=3600, flush_batch_pages=1_000_000, max_pending_pages=1_000_000)
@@ -145,7 +145,7 @@ def test_a_torn_record_and_the_unused_end_after_it_are_reported_apart(tmp_path, 
                                        f"mismatch in record LSN {lsn}"), torn
     assert (f"a torn record of {record} bytes, then {unused} bytes of unused preallocated "
             "space (zero-filled)") in torn, torn
-    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
         with Cache(d) as cache:
             assert dict(cache.items()) == {"a": "A" * 10, "b": "B" * 10}
             assert cache.stats().torn_records == 1 and cache.stats().salvaged_bytes == 0
@@ -159,7 +159,7 @@ def test_the_recovery_result_keeps_torn_bytes_whole_and_names_the_unused_part(tm
     """RecoveryResult.torn_bytes still counts every byte cut with the torn
     record (its meaning is unchanged); torn_unused_bytes says how many of them
     were the unused preallocated end."""
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log.replaylog import ReplayLog
     seg, offset, record, size = torn_in_a_mapped_segment(tmp_path / "c", 20)
     log = ReplayLog(str(tmp_path / "c"), durability="log")
     try:
@@ -172,7 +172,7 @@ def test_the_recovery_result_keeps_torn_bytes_whole_and_names_the_unused_part(tm
 
 
 def test_split_torn_tail_finds_where_the_torn_record_ends():
-    from durablekv.logsegments import encode_record, split_torn_tail
+    from durablekv.log.segments import encode_record, split_torn_tail
     rec = encode_record(7, 1, b"key", b"value" * 10, None)
     torn = rec[:30] + bytes(len(rec) - 30)            # the rest of the record not stored
     assert split_torn_tail(torn + bytes(8192 - len(rec)), 0) == (len(rec), 8192 - len(rec))
@@ -198,7 +198,7 @@ def test_a_zero_filled_tail_not_from_a_mapped_segment_stays_one_torn_tail(tmp_pa
     torn = data[:offsets[2] + 20] + bytes(len(data) - offsets[2] - 20 + 5000)
     assert len(torn) % 4096
     Path(seg).write_bytes(torn)
-    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
         assert contents(tmp_path / "c") == {"a": "A" * 10, "b": "B" * 10}
     assert (f"cut a torn tail of {len(torn) - offsets[2]} bytes at offset {offsets[2]} "
             "(CRC mismatch in record LSN 3)") in caplog.text
@@ -305,7 +305,7 @@ def test_a_last_segment_of_nothing_but_garbage_is_a_torn_tail(tmp_path, caplog):
     last = segs[-1]
     Path(last).write_bytes(bytes((i * 37 + 11) % 251 for i in range(800)))
     simulate_restart(d)  # (on the same boot, a segment of garbage is damage)
-    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
         with Cache(d, **NEVER) as cache:
             assert cache.stats().torn_records == 1
             assert dict(cache.items()) == {f"k{i}": i for i in range(60)}
@@ -551,7 +551,7 @@ def _reference_parse(data: bytes):
     """The straightforward parser the fast one must agree with, record for record."""
     import zlib
 
-    from durablekv.logsegments import PAYLOAD, _LEN_LSN
+    from durablekv.log.segments import PAYLOAD, _LEN_LSN
     if len(data) < len(MAGIC):
         if data == MAGIC[:len(data)]:
             return [], 0, (0 if data else None)
@@ -585,7 +585,7 @@ def test_parser_agrees_with_a_reference_at_every_flipped_byte_and_cut(tmp_path):
     reference parser."""
     import zlib
 
-    from durablekv.logsegments import PAYLOAD, _LEN_LSN, _parse_segment, encode_record
+    from durablekv.log.segments import PAYLOAD, _LEN_LSN, _parse_segment, encode_record
     d = tmp_path / "c"
     cache = Cache(d, **NEVER)
     cache["a"] = "A" * 10
@@ -751,7 +751,7 @@ def test_a_damaged_header_of_a_later_segment_loses_nothing(tmp_path, caplog, cap
     assert rc == 0, out
     assert any(f"it holds no record: LSN {first} follows {first - 1}" in line
                for line in out), out
-    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
         with Cache(d, **NEVER) as cache:
             assert dict(cache.items()) == {f"k{i}": i for i in range(300)}
             assert cache.stats().salvaged_bytes == 0
@@ -771,7 +771,7 @@ def test_garbage_between_two_intact_records_hides_no_record(tmp_path, caplog):
         at = offsets[len(offsets) // 2][0]
         data = Path(seg).read_bytes()
         Path(seg).write_bytes(data[:at] + bytes(range(7, 107)) + data[at:])
-    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
         assert contents(d) == {f"k{i}": i for i in range(300)}
     assert caplog.text.count("it holds no record") == 2
 
@@ -780,7 +780,7 @@ def test_stepping_over_damage_never_drops_a_record(tmp_path):
     """For every flipped byte of a segment in the middle of the log (no
     checkpoint), the scan either stops at the damage or, when it steps over
     it, still returns every record of the segment, unchanged."""
-    from durablekv.logsegments import _first_lsn_of, scan_segment
+    from durablekv.log.segments import _first_lsn_of, scan_segment
     segs = write_segments(tmp_path / "c")
     data = Path(segs[2]).read_bytes()
     first = _first_lsn_of(segs[2])
@@ -869,7 +869,7 @@ def test_a_rebuild_killed_anywhere_loses_nothing_the_log_holds(tmp_path, monkeyp
     LSN 101: every later open called that a gap, and salvage dropped the
     acknowledged writes."""
     import durablekv.cache as cache_mod
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log.replaylog import ReplayLog
 
     d = tmp_path / "c"
     with Cache(d) as cache:

@@ -25,8 +25,8 @@ import pytest
 from durablekv import Cache, LogCorruptionError
 from durablekv.check import check_directory
 from durablekv.cli import main
-from durablekv.logcontrol import CONTROL_FILE, read_control
-from durablekv.logsegments import POSITION_FILE, list_segments, read_position, segment_name
+from durablekv.log.control import CONTROL_FILE, read_control
+from durablekv.log.segments import POSITION_FILE, list_segments, read_position, segment_name
 
 from .conftest import REPO, run_with_timeout, simulate_restart
 
@@ -255,7 +255,7 @@ def test_a_crash_between_recovery_and_the_new_segment_is_no_false_alarm(copy):
     segment the control file names (the crashed writer's newest) must still
     be there, so the next open finds the log whole (a real SIGKILL loop hit
     this window: tests/test_crash.py)."""
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log.replaylog import ReplayLog
     d, _, last = copy
     control, _ = read_control(str(d))
     log = ReplayLog(str(d))

@@ -23,8 +23,8 @@ import pytest
 import durablekv
 from durablekv import Cache, LogWriteError, _accel
 from durablekv.check import check_directory
-from durablekv.logsegments import OP_DELETE, OP_SET, encode_record, list_segments, read_segment
-from durablekv.replaylog import MAPPED_FS_TYPES, ReplayLog, mapped_append_refusal
+from durablekv.log.segments import OP_DELETE, OP_SET, encode_record, list_segments, read_segment
+from durablekv.log.replaylog import MAPPED_FS_TYPES, ReplayLog, mapped_append_refusal
 
 from .test_faults import small_fs  # noqa: F401 - the 2 MiB tmpfs fixture
 
@@ -137,7 +137,7 @@ def test_a_copy_on_write_file_system_is_refused_and_says_why(tmp_path, caplog):
     # the mapped path says so when it starts a segment
     d = tmp_path / "m"
     d.mkdir()
-    with caplog.at_level("INFO", logger="durablekv.replaylog"):
+    with caplog.at_level("INFO", logger="durablekv.log.replaylog"):
         log = ReplayLog(str(d), fstype="tmpfs")
         log.start(1)
         log.close()
@@ -238,7 +238,7 @@ def test_sigkill_after_a_write_leaves_an_unused_end_that_is_no_damage(tmp_path, 
         assert size % 4096 == 0 and Path(seg).read_bytes()[-4096:] == bytes(4096)
         report = check_directory(str(d))
         assert report.ok and not [line for line in report.lines if "torn" in line], report.lines
-        with caplog.at_level("INFO", logger="durablekv.replaylog"):
+        with caplog.at_level("INFO", logger="durablekv.log.replaylog"):
             with Cache(d, page_size=16) as cache:
                 assert cache.stats().torn_records == 0 and cache.stats().salvaged_bytes == 0
                 assert {k: cache[k] for k in (f"k{i}" for i in range(500))} == \

@@ -212,7 +212,7 @@ def test_scrape_agrees_with_stats_after_real_traffic(tmp_path):
 
 
 def test_a_salvaging_open_shows_the_bytes_it_gave_up(tmp_path):
-    from durablekv.logsegments import HEADER, MAGIC, list_segments
+    from durablekv.log.segments import HEADER, MAGIC, list_segments
 
     d = tmp_path / "c"
     cache = open_cache(d, max_pages=100)

@@ -218,7 +218,7 @@ def test_ttl_on_pages_in_memory_in_part(tmp_path):
         assert c.get("k1") is None
         c.expire()  # (len() already removed those in memory)
         assert len(c) == 16
-        assert c._ttl_count == 0  # every entry with a TTL has gone
+        assert c._counts.ttl_keys == 0  # every entry with a TTL has gone
         assert sorted(c) == sorted(f"k{i}" for i in range(0, 32, 2))
         c.flush()
         check_tier(c)

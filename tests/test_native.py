@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durablekv
-from durablekv import Cache, LogCorruptionError, _accel, codec, logsegments
+from durablekv import Cache, LogCorruptionError, _accel, codec
+from durablekv.log import segments as logsegments
 from durablekv.stores import pageformat
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -477,8 +478,8 @@ def _recover_both_ways(stored, logged, page_size, max_pages, fresh, ttl):
                     c = Cache(d, max_pages=max_pages, **opts)
                     try:
                         with c._lock:
-                            got[name] = (tier_layout(c._tier, times=False), c._count,
-                                         c._ttl_count, c._last_lsn, c.recovered_records)
+                            got[name] = (tier_layout(c._tier, times=False), c._counts.keys,
+                                         c._counts.ttl_keys, c._last_lsn, c.recovered_records)
                     finally:
                         crash(c)
             assert got["native"] == got["pure"]
@@ -564,7 +565,7 @@ def test_native_recovery_reads_the_log_in_place(tmp_path):
     tuple per record), with the records the pure-Python code returns as a
     list."""
     from durablekv._accel import native
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log.replaylog import ReplayLog
     c = Cache(tmp_path / "c", warm=False, flush_interval=3600)
     for i in range(50):
         c.set(f"k{i % 20}", i)

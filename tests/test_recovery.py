@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from durablekv import Cache
-from durablekv.logsegments import HEADER, MAGIC, list_segments, read_segment
-from durablekv.replaylog import ReplayLog
+from durablekv.log.segments import HEADER, MAGIC, list_segments, read_segment
+from durablekv.log.replaylog import ReplayLog
 from durablekv.tier.pages import EMPTY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -258,7 +258,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from durablekv import codec as _codec  # noqa: E402
 from durablekv.check import check_directory  # noqa: E402
-from durablekv.logsegments import OP_CLEAR, OP_SET  # noqa: E402
+from durablekv.log.segments import OP_CLEAR, OP_SET  # noqa: E402
 
 from .conftest import Clock  # noqa: E402
 
@@ -301,7 +301,7 @@ def state(cache: Cache) -> dict:
     with cache._lock:
         # a page handed to a flush in flight has no dirty LSN of its own now
         dirty_lsns = {p.dirty_lsn for p in cache._tier.dirty.values()} - {None}
-        return dict(count=cache._count, ttl_count=cache._ttl_count,
+        return dict(count=cache._counts.keys, ttl_count=cache._counts.ttl_keys,
                     last_lsn=cache._last_lsn, dirty_lsns=dirty_lsns)
 
 
@@ -318,7 +318,7 @@ def stored_entries(cache: Cache) -> dict:
                 key = _codec.decode_key(kb)
                 entries[_codec.canonical_key(key)] = (type(key), key, vb, exp)
         return dict(entries=entries, key_count=cache._store.key_count,
-                    ttl_key_count=cache._store.ttl_key_count, count=cache._count)
+                    ttl_key_count=cache._store.ttl_key_count, count=cache._counts.keys)
 
 
 def listing(cache: Cache) -> dict:

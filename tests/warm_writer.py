@@ -19,7 +19,6 @@ import time
 
 import durablekv.warm as warm
 from durablekv import Cache
-from durablekv.recovery import _count_of
 
 READS = [f"k{i}" for i in (5, 17, 33, 48, 61, 90, 122, 150, 181, 199, 5, 17)]
 
@@ -32,7 +31,7 @@ def main() -> None:
     cache.flush()  # stored: the reopen replays no page into memory before the preload
     for k in READS:
         assert cache[k] is not None
-    ticks = _count_of(cache._tier.ticks)  # nothing draws a tick after the reads
+    ticks = cache._tier.next_tick()  # nothing draws a tick after the reads
     while cache._residency_saved_ticks != ticks:
         time.sleep(0.005)  # (the child's own wait for its batcher; the test does not sleep)
     order = [p.page_id for p in reversed(cache._tier.lru_order())]

@@ -120,7 +120,7 @@ class DurableKVCache(BaseCache):
         return float(seconds) if seconds > 0 else -1.0
 
     def _prune(self, cache: Cache) -> None:
-        if not self._threshold or cache._count <= self._threshold:
+        if not self._threshold or cache._counts.keys <= self._threshold:
             return
         delete_some(cache, len(cache) - self._threshold)   # len() drops expired ones first
 

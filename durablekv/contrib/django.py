@@ -148,7 +148,7 @@ class DurableKVCache(BaseCache):
         The Cache's entry count (expired entries not yet removed included)
         answers at no cost while it is below the bound, the usual case; only
         at the bound does ``len()`` count live entries exactly."""
-        return cache._count >= self._max_entries and len(cache) >= self._max_entries
+        return cache._counts.keys >= self._max_entries and len(cache) >= self._max_entries
 
     def _cull(self, cache: Cache) -> None:
         """Django's rule: at ``MAX_ENTRIES`` entries or more, remove one in
@@ -269,7 +269,7 @@ class DurableKVCache(BaseCache):
         key = self.make_and_validate_key(key, version=version)
         ttl = self._ttl(timeout)
         cache = self._cache
-        if (ttl is not None and ttl <= 0) or cache._count >= self._max_entries:
+        if (ttl is not None and ttl <= 0) or cache._counts.keys >= self._max_entries:
             from asgiref.sync import sync_to_async
             await sync_to_async(self._store, thread_sensitive=False)(key, value, timeout)
             return

@@ -6,13 +6,13 @@ a write returns only once its log record is committed in PostgreSQL (table
 acknowledged write: any machine that opens the namespace next replays the
 records after the store's checkpoint. The directory keeps only ``LOCK``.
 
-Records are the local log's bytes (:func:`durablekv.logsegments.encode_record`:
+Records are the local log's bytes (:func:`durablekv.log.segments.encode_record`:
 length, CRC, LSN, payload), one row per record, keyed ``(ns_id, lsn)``.
 
 Group commit: :meth:`PgReplayLog.append` (under the cache's lock) only
 queues the record; :meth:`PgReplayLog.sync_to` makes one writer the leader,
 which inserts every queued record in one transaction while the others wait
-for it, as :meth:`durablekv.replaylog.ReplayLog.sync_to` shares one fsync.
+for it, as :meth:`durablekv.log.replaylog.ReplayLog.sync_to` shares one fsync.
 
 Unknown outcomes: when the connection is lost during the insert (or its
 COMMIT), the leader reconnects (following ``target_session_attrs`` to a new
@@ -41,8 +41,8 @@ import time
 from typing import Any
 
 from ..errors import LogCorruptionError, LogWriteError, StoreError
-from ..logsegments import _parse_segment, encode_record
-from ..replaylog import RecoveryResult, ReplayLog
+from ..log.segments import _parse_segment, encode_record
+from ..log.replaylog import RecoveryResult, ReplayLog
 
 log = logging.getLogger("durablekv.stores.pglog")
 

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from .._perms import FILE_MODE
 from ..errors import ConfigError, CorruptStoreError, StoreError
-from ..replaylog import _fsync_dir
+from ..log.replaylog import _fsync_dir
 from .base import ordered_migrations
 
 log = logging.getLogger("durablekv.store")

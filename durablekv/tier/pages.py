@@ -240,6 +240,11 @@ class MemoryTier:
 
     # -- residency -------------------------------------------------------------
 
+    def next_tick(self) -> int:
+        """The tick the recency clock gives next, without drawing it (the
+        clock is an ``itertools.count``, whose repr is ``count(N)``)."""
+        return int(repr(self.ticks)[6:-1])
+
     def touch(self, page: Page) -> None:
         """Mark ``page`` most recently used (it must be resident)."""
         page.stamp = next(self.ticks)

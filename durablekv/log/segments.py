@@ -1,6 +1,6 @@
 """Replay log segments: the on-disk format, and reading and scanning one segment.
 
-Pure functions over bytes and file names, no state: :class:`~durablekv.replaylog.ReplayLog`
+Pure functions over bytes and file names, no state: :class:`~durablekv.log.replaylog.ReplayLog`
 appends and recovers through them, and ``durablekv check`` reads the same
 segments without opening a cache.
 
@@ -58,8 +58,8 @@ import zlib
 from operator import itemgetter
 from typing import Any, NamedTuple, Sequence
 
-from ._accel import native as _native
-from ._perms import read_private_file
+from .._accel import native as _native
+from .._perms import read_private_file
 
 __all__ = ["LogRecord", "OP_SET", "OP_DELETE", "OP_CLEAR", "MAGIC", "HEADER", "PAYLOAD",
            "POSITION_FILE", "Position", "encode_record", "list_segments", "read_position",

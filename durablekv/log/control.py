@@ -43,8 +43,8 @@ import json
 import os
 from typing import NamedTuple, Sequence
 
-from ._perms import read_private_file, replace_private_file
-from .logsegments import (PREALLOC_ALIGN, _first_lsn_of, map_segment, position_refusal,
+from .._perms import read_private_file, replace_private_file
+from .segments import (PREALLOC_ALIGN, _first_lsn_of, map_segment, position_refusal,
                           read_position, segment_name, unmap_segment)
 
 __all__ = ["CONTROL_FILE", "LogControl", "LogLoss", "boot_id", "cut_from_mapped",
@@ -242,7 +242,7 @@ def cut_from_mapped(control: LogControl | None, path: str, size: int, detail: st
     ``detail`` the parser's words for it) is a cut, not a crash's torn write,
     or None when it may be torn: the control file says records were stored
     into a mapping of this segment (preallocated in
-    :data:`~durablekv.logsegments.PREALLOC_ALIGN` steps, so a crash leaves
+    :data:`~durablekv.log.segments.PREALLOC_ALIGN` steps, so a crash leaves
     it at a multiple of that), yet the file ends off a step boundary, inside
     a record. Recovery and ``durablekv check`` add the words to the damage."""
     if (control is not None and control.state == "open" and control.append == "mmap"

@@ -7,7 +7,7 @@ its last checkpoint, and recovery re-applies every record after it, in LSN
 order. Applying a record whose change already reached SQLite is harmless
 (last writer wins).
 
-On-disk format: :mod:`durablekv.logsegments` (its module docstring is the
+On-disk format: :mod:`durablekv.log.segments` (its module docstring is the
 format spec); this module is the stateful log over those segments.
 
 Recovery (:meth:`ReplayLog.recover`) reads the segments in order. A damaged
@@ -43,14 +43,14 @@ stored into a shared mapping of the active segment, preallocated with
 from a store. The record is in the OS (the page cache) when the store
 returns, as after a ``write``; fsync works as above. A sealed segment and
 a closed log are cut back to their last record; after a crash, recovery
-cuts the unused zero-filled end (:func:`~durablekv.logsegments.is_unused_end`).
+cuts the unused zero-filled end (:func:`~durablekv.log.segments.is_unused_end`).
 Elsewhere (copy-on-write file systems, network, FUSE, unidentified ones)
 every record is one ``write``. See docs/durability.md.
 
 The checkpoint position: records at or below the store's checkpoint stay in
 the active segment until it is sealed. After each checkpoint the log saves
 where the last record it covers ends (``replay.pos``,
-:class:`~durablekv.logsegments.Position`), and recovery parses the active
+:class:`~durablekv.log.segments.Position`), and recovery parses the active
 segment from there, so an open after a crash reads only the records the
 store lacks. The file is a hint: when it does not check out against the
 segment, recovery parses everything, as without it.
@@ -69,12 +69,12 @@ import threading
 from dataclasses import dataclass
 from typing import Sequence
 
-from ._accel import native as _native
-from ._perms import FILE_MODE, replace_private_file
-from .errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
-from .logcontrol import (CONTROL_FILE, LogControl, boot_id, cut_from_mapped, missing_records,
+from .._accel import native as _native
+from .._perms import FILE_MODE, replace_private_file
+from ..errors import LogCorruptionError, LogError, LogFileGoneError, LogWriteError
+from .control import (CONTROL_FILE, LogControl, boot_id, cut_from_mapped, missing_records,
                          position_problem, read_control, write_control)
-from .logsegments import (MAGIC, POSITION_FILE, PREALLOC_ALIGN, _HEADER_PACK, _LEN_LSN_PACK,
+from .segments import (MAGIC, POSITION_FILE, PREALLOC_ALIGN, _HEADER_PACK, _LEN_LSN_PACK,
                           _NAN, _PAYLOAD_PACK, _crc32, _first_lsn_of, _record_offset,
                           join_records, list_segments, lsns_step_by_one, read_position,
                           read_segment, scan_segment_file, segment_name, start_gap_detail,
@@ -82,7 +82,7 @@ from .logsegments import (MAGIC, POSITION_FILE, PREALLOC_ALIGN, _HEADER_PACK, _L
 
 __all__ = ["ReplayLog", "RecoveryResult", "MAPPED_FS_TYPES", "mapped_append_refusal"]
 
-log = logging.getLogger("durablekv.replaylog")
+log = logging.getLogger("durablekv.log.replaylog")
 
 #: Bytes a mapped segment is preallocated by at a time (``posix_fallocate``).
 PREALLOC_BYTES = 1 << 20
@@ -154,13 +154,13 @@ class RecoveryResult:
         order, as plain ``(lsn, op, key, value, expire_at)`` tuples
         (:class:`LogRecord`'s field order): a list, or with the C kernels
         usually a ``_native.Records`` that makes each tuple when it is read
-        (see :func:`~durablekv.logsegments.join_records`).
+        (see :func:`~durablekv.log.segments.join_records`).
     :ivar torn_records: torn tails cut off (0 or 1).
     :ivar torn_bytes: bytes cut off with them: the torn record, and the
         unused end of a preallocated segment after it when there is one.
     :ivar torn_unused_bytes: how many of ``torn_bytes`` were that unused,
         zero-filled end (no record was ever in them; see
-        :func:`~durablekv.logsegments.split_torn_tail`).
+        :func:`~durablekv.log.segments.split_torn_tail`).
     :ivar salvaged: segments that salvage gave up on (``salvage=True``
         only): the damaged one and every later one. They are still in place;
         :meth:`ReplayLog.set_aside` moves them aside once the records kept
@@ -179,7 +179,7 @@ class RecoveryResult:
     salvaged_bytes: int = 0
     torn_unused_bytes: int = 0
     #: what salvage found missing from the log and could not recover
-    #: (``salvage=True`` only; see :func:`~durablekv.logcontrol.missing_records`)
+    #: (``salvage=True`` only; see :func:`~durablekv.log.control.missing_records`)
     lost: str | None = None
 
 
@@ -606,7 +606,7 @@ class ReplayLog:
         self._last_start = -1
 
     def _write_control(self, state: str, newest: int) -> None:
-        """Write ``replay.control`` (see :mod:`durablekv.logcontrol`).
+        """Write ``replay.control`` (see :mod:`durablekv.log.control`).
 
         :raises OSError: it could not be written.
         """
@@ -897,7 +897,7 @@ class ReplayLog:
             old = (self._fd, self._path, self._size, self._last_start)
             self._open_segment(next_lsn)
             try:
-                # named before any record goes into it (see logcontrol)
+                # named before any record goes into it (see log/control.py)
                 self._write_control("open", next_lsn)
             except OSError as exc:
                 # back to the old segment, unmapped: the next append rolls again

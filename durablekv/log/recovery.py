@@ -1,15 +1,15 @@
 """Recovery: the replay log's suffix (records after the store's checkpoint) -> the memory tier.
 
-:class:`Recovery` is mixed into :class:`~durablekv.cache.Cache` and runs once,
-inside ``Cache._open``, before any other call. It uses the host's memory tier
-(``_tier``), store (``_store``: ``find_many``/``read_pages``), key filter
-(``_filter_reserve``), page decoding (``_decode_page``) and back-pressure
-(``_backpressure``); the result is what applying the records one at a time
-through set/delete would give, at one step per key.
-
-Why a mixin and not a separate object: replay writes the same counters and
-page table as the hot path, under the same lock; passing them to another
-object would add an attribute hop to every get/set that reads them.
+:class:`LogReplay` applies the records :meth:`ReplayLog.recover
+<durablekv.log.replaylog.ReplayLog.recover>` returned, once, at open, before
+any other call, under the cache's lock. The result is what applying them one
+at a time through set and delete would give, at one step per key. It works
+through the parts it is handed: the memory tier's own methods (``update``,
+``remove``, ``insert_many``, ``hit``), the store's key index
+(``locate_keys``, ``read_pages``), the key counts
+(:class:`~durablekv.counts.KeyCounts`), and the cache's page faults, clear
+and back-pressure as callables; it writes no state of the cache's. The last
+LSN applied is returned, for the caller to take on.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import operator
-from itertools import count
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from . import codec as _codec
-from .config import _MISSING, _REAL_MONOTONIC
-from .errors import LogCorruptionError
-from .logsegments import OP_CLEAR, OP_DELETE, OP_SET, locate_record
+from .. import codec as _codec
+from ..config import _REAL_MONOTONIC
+from ..errors import LogCorruptionError
+from .segments import OP_CLEAR, OP_DELETE, OP_SET, locate_record
+
+__all__ = ["LogReplay", "gc_paused"]
 
 
 # fields of a recovered log record (lsn, op, key, value, expire_at)
@@ -34,14 +35,8 @@ _OP_OF, _KEY_OF, _VALUE_OF, _EXPIRE_OF = (operator.itemgetter(i) for i in range(
 _FAULT_BATCH = 256
 
 
-def _count_of(counter: count) -> int:
-    """The next value ``counter`` (an ``itertools.count``, step 1) will give:
-    its repr is ``count(N)``."""
-    return int(repr(counter)[6:-1])
-
-
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector for a bulk build (Mercurial's
     ``util.nogc`` does the same for its big dicts).
 
@@ -62,10 +57,54 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-class Recovery:
-    """Bulk replay of recovered log records (see the module docstring)."""
+class LogReplay:
+    """Bulk replay of recovered log records into a memory tier (see the
+    module docstring). Built and used once, at open, under the cache's lock.
 
-    def _replay(self, records: list[tuple]) -> None:
+    :param tier: the memory tier (:class:`~durablekv.tier.pages.MemoryTier`
+        or an entry tier), empty but for what a clear left.
+    :param store: the page store: ``locate_keys(cks) -> {ck: page id}`` and
+        ``read_pages(ids) -> {id: (n, blob)}``.
+    :param codec: the value codec (memory forms of logged values).
+    :param counts: the cache's :class:`~durablekv.counts.KeyCounts`.
+    :param directory: the cache directory (named in a damage error).
+    :param max_pending_pages: the pending-page bound: ``backpressure`` is
+        called when the tier reaches it.
+    :param clear: ``clear(lsn)``: apply a logged clear.
+    :param fault_in: ``fault_in(pid, row, for_write=True) -> page``: install
+        a stored page from ``row`` (see ``Cache._fault_in``).
+    :param whole: ``whole(page)``: read the unloaded entries of a page in
+        memory in part (entry residency) before it changes.
+    :param backpressure: ``backpressure()``: wait (the lock released) until
+        the write-behind has stored pending pages.
+    :param reserve_filter: ``reserve_filter(n)``: make room in the key
+        filter for ``n`` new keys.
+    :param nothing_stored: ``nothing_stored() -> bool``: the store holds no
+        key that memory lacks (a new or cleared store).
+    :param key_filter: ``key_filter() -> KeyFilter``: the current key
+        filter; when ``ready``, a key not in it is not in the store.
+    """
+
+    def __init__(self, tier: Any, store: Any, codec: Any, counts: Any, *, directory: str,
+                 max_pending_pages: int, clear: Callable[[int], None],
+                 fault_in: Callable[..., Any], whole: Callable[[Any], None],
+                 backpressure: Callable[[], None], reserve_filter: Callable[[int], None],
+                 nothing_stored: Callable[[], bool], key_filter: Callable[[], Any]) -> None:
+        self.tier = tier
+        self.store = store
+        self.codec = codec
+        self.counts = counts
+        self.directory = directory
+        self.max_pending_pages = max_pending_pages
+        self.clear = clear
+        self.fault_in = fault_in
+        self.whole = whole
+        self.backpressure = backpressure
+        self.reserve_filter = reserve_filter
+        self.nothing_stored = nothing_stored
+        self.key_filter = key_filter
+
+    def apply(self, records: Sequence[tuple]) -> int:
         """Apply recovered log records in bulk (at open, before any other call).
 
         :param records: ``(lsn, op, key, value, expire_at)`` tuples, every
@@ -79,55 +118,64 @@ class Recovery:
         their pages faulted in once; new keys fill fresh pages a page at a
         time. Every page changed is dirty since the first LSN replayed.
 
-        The last LSN moves to the last record only at the end: while
-        back-pressure waits for the batcher (the log holds more than memory),
-        a flush may store a mix of old and new states, but its checkpoint
-        stays where it was, so a crash replays all of it again.
+        :returns: the last LSN applied (``records[-1]``'s). The caller
+            moves its LSN there only afterwards: while back-pressure waits
+            for the batcher (the log holds more than memory), a flush may
+            store a mix of old and new states, but its checkpoint stays where
+            it was, so a crash replays all of it again.
+        :raises LogCorruptionError: a record whose CRC checks out cannot be
+            decoded (see :meth:`undecodable`).
         """
-        with self._lock, _gc_paused():
-            lsn, last_lsn = records[0][0], records[-1][0]
-            now = _REAL_MONOTONIC[0]()
-            if type(records) is list:
-                ops = list(map(_OP_OF, records))
-                if OP_CLEAR in ops:
-                    at = len(ops) - 1 - ops[::-1].index(OP_CLEAR)
-                    self._apply_clear(records[at][0])
-                    records, ops = records[at + 1:], ops[at + 1:]
-                if records:
-                    self._replay_keys(records, OP_DELETE in ops, lsn, now)
-            else:
-                # A _native.Records (the C kernels): the same steps, worked
-                # out in C over the log's bytes (see _native.c, reduce).
-                finals, first, fresh, has_deletes = records.reduce()
-                if first:
-                    self._apply_clear(records[first - 1][0])
-                    records = records[first:]
-                if records:
-                    self._replay_keys(records, has_deletes, lsn, now, (finals, fresh))
-            self._last_lsn = last_lsn
-            self._absent = _MISSING
-            if len(self._tier.dirty) >= self.flush_batch_pages:
-                self._batcher.kick()
+        try:
+            with gc_paused():
+                self._apply(records)
+        except (ValueError, TypeError, IndexError) as exc:
+            # a record whose CRC holds but whose key or value does not
+            # decode (hand-made, or nested past MAX_NESTING)
+            raise self.undecodable(records, exc) from exc
+        return records[-1][0]
 
-    def _undecodable_record(self, records: list[tuple], exc: Exception) -> LogCorruptionError:
+    def _apply(self, records: Sequence[tuple]) -> None:
+        """:meth:`apply`'s steps, the collector paused."""
+        lsn = records[0][0]
+        now = _REAL_MONOTONIC[0]()
+        if type(records) is list:
+            ops = list(map(_OP_OF, records))
+            if OP_CLEAR in ops:
+                at = len(ops) - 1 - ops[::-1].index(OP_CLEAR)
+                self.clear(records[at][0])
+                records, ops = records[at + 1:], ops[at + 1:]
+            if records:
+                self._replay_keys(records, OP_DELETE in ops, lsn, now)
+        else:
+            # A _native.Records (the C kernels): the same steps, worked
+            # out in C over the log's bytes (see _native.c, reduce).
+            finals, first, fresh, has_deletes = records.reduce()
+            if first:
+                self.clear(records[first - 1][0])
+                records = records[first:]
+            if records:
+                self._replay_keys(records, has_deletes, lsn, now, (finals, fresh))
+
+    def undecodable(self, records: Sequence[tuple], exc: Exception) -> LogCorruptionError:
         """The :class:`LogCorruptionError` for the first of ``records`` whose
         key or value cannot be decoded (``exc``: what replaying them raised)."""
         for lsn, op, kb, vb, _exp in records:
             try:
                 _codec.decode_key(kb)
                 if op == OP_SET:
-                    self._codec.decode(vb)
+                    self.codec.decode(vb)
             except (ValueError, TypeError, IndexError) as bad:
-                path, offset = locate_record(self.path, lsn)
+                path, offset = locate_record(self.directory, lsn)
                 return LogCorruptionError(path, offset, f"record LSN {lsn} has a CRC that "
                                           f"checks out but cannot be decoded: {bad}")
-        path, offset = locate_record(self.path, records[0][0])
+        path, offset = locate_record(self.directory, records[0][0])
         return LogCorruptionError(path, offset, f"the records from LSN {records[0][0]} cannot "
                                   f"be replayed: {exc}")
 
     def _replay_keys(self, records: Sequence[tuple], has_deletes: bool, lsn: int,
                      now: float, reduced: tuple[Any, list[int]] | None = None) -> None:
-        """:meth:`_replay` for records with no clear among them (lock held).
+        """:meth:`apply` for records with no clear among them.
 
         ``reduced``: for a ``_native.Records``, ``(finals, fresh)`` from its
         ``reduce()``; the final records then stay a ``_native.Records`` (no
@@ -154,7 +202,8 @@ class Recovery:
             keys, others = recs.decode_keys(_codec.decode_key)
             kbs = None  # made below only where a step needs them
         # Which keys may be in the store now (memory holds nothing yet).
-        nowhere = self._clear_pending or (self._filter.ready and self._filter.added == 0)
+        f = self.key_filter()
+        nowhere = self.nothing_stored() or (f.ready and f.added == 0)
         if kbs is None and (others or not nowhere):
             kbs = recs.column("key")
         cks = kbs  # a str or bytes key's encoding is its canonical key
@@ -163,11 +212,10 @@ class Recovery:
                                                             fresh)
         if nowhere:
             located: dict[bytes, int] = {}  # a new or cleared store: nothing is
-        elif self._filter.ready:
-            f = self._filter
-            located = self._store.locate_keys([ck for ck in cks if ck in f])
+        elif f.ready:
+            located = self.store.locate_keys([ck for ck in cks if ck in f])
         else:
-            located = self._store.locate_keys(cks)
+            located = self.store.locate_keys(cks)
         if located:
             recs = list(recs)  # (_replay_into_pages replaces some)
             new: list[int] = []
@@ -239,25 +287,25 @@ class Recovery:
                            now: float) -> None:
         """Apply final records to keys the store holds: fault each page in once
         and update or remove its keys. Keys to insert anew are appended to
-        ``new`` (lock held; back-pressure between pages)."""
-        tier = self._tier
+        ``new`` (back-pressure between pages)."""
+        tier = self.tier
         table = tier.table
-        from_blob = self._codec.memory_form_from_blob
+        from_blob = self.codec.memory_form_from_blob
         pids = list(by_page)
         for c in range(0, len(pids), _FAULT_BATCH):
             chunk = pids[c:c + _FAULT_BATCH]
-            rows = self._store.read_pages([p for p in chunk if p not in tier.pages])
+            rows = self.store.read_pages([p for p in chunk if p not in tier.pages])
             for pid in chunk:
                 if tier.pending >= self.max_pending_pages:
-                    self._backpressure()
+                    self.backpressure()
                 target = tier.pages.get(pid)
                 if target is None:  # (a page in memory is authoritative)
                     # (policy="midpoint": taken in for the changes below,
                     # outside the budget, so that no entry of it leaves
                     # memory before the first change dirties it)
-                    target = self._fault_in(pid, rows.get(pid), for_write=True)
+                    target = self.fault_in(pid, rows.get(pid), for_write=True)
                 elif target.unloaded:  # (policy="midpoint": but maybe not whole)
-                    self._whole(target)
+                    self.whole(target)
                 for i in by_page[pid]:
                     key = keys[i]
                     ref = table.get(key)
@@ -270,7 +318,7 @@ class Recovery:
                     nbytes = len(kb) + len(vb)
                     if op == OP_SET and i not in fresh and tier.fits(page, nbytes):
                         tier.update(page, slot, from_blob(vb), expire_at, now, lsn, nbytes)
-                        self._ttl_count += (expire_at is not None) - (old is not None)
+                        self.counts.expiry_changed(old is not None, expire_at is not None)
                         tier.hit(page, slot)
                         continue
                     if op == OP_SET:
@@ -282,23 +330,21 @@ class Recovery:
                             recs[i] = (_lsn, op, _codec.encode_key(keys[i]), vb, expire_at)
                         new.append(i)
                     tier.remove(key, now, lsn)
-                    self._count -= 1
-                    if old is not None:
-                        self._ttl_count -= 1
+                    self.counts.removed(1, old is not None)
                 if tier.per_entry:
                     tier.settle(target)  # (nothing changed it: what came in for it leaves)
 
     def _insert_new_keys(self, recs: Sequence[tuple], keys: list[Any], lsn: int,
                          now: float) -> None:
-        """Insert keys that are nowhere yet with their final sets (lock held;
-        back-pressure between batches of pages). They enter the key filter
-        when a flush stores them (:meth:`flush_done`), not here.
+        """Insert keys that are nowhere yet with their final sets
+        (back-pressure between batches of pages). They enter the key filter
+        when a flush stores them, not here.
 
         :param recs: a list of record tuples or a ``_native.Records``."""
         if not recs:
             return
-        tier = self._tier
-        codec = self._codec
+        tier = self.tier
+        codec = self.codec
         if type(recs) is list:
             held = codec.memory_forms_from_blobs(map(_VALUE_OF, recs))
             expires = list(map(_EXPIRE_OF, recs))
@@ -312,14 +358,13 @@ class Recovery:
                 held = codec.memory_forms_from_blobs(recs.column("value"))
             expires = recs.column("expire_at")
             nbytes = recs.column("nbytes")
-        self._filter_reserve(len(keys))
+        self.reserve_filter(len(keys))
         pos = 0
         while pos < len(keys):
             room = self.max_pending_pages - tier.pending
             if room <= 0:
-                self._backpressure()
+                self.backpressure()
                 continue
             end = tier.insert_many(keys, held, expires, nbytes, now, lsn, pos, room)
-            self._count += end - pos
-            self._ttl_count += end - pos - expires[pos:end].count(None)
+            self.counts.added(end - pos, end - pos - expires[pos:end].count(None))
             pos = end
