@@ -52,7 +52,7 @@ def one(directory: str, append: str, impl: str, keys: list[str], value: bytes) -
 
 def append_only(directory: str, append: str, impl: str, keys: list[str], value: bytes) -> float:
     """Seconds per :meth:`ReplayLog.append_bytes` alone (no cache around it)."""
-    from durablekv.replaylog import ReplayLog
+    from durablekv.log.replaylog import ReplayLog
     import os
     os.makedirs(directory)
     ctx = contextlib.nullcontext() if impl == "native" else _accel.pure_kernels()
