@@ -55,10 +55,8 @@ from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, _CLOSED, _CLOSING,
                      _make_temporary_dir, _not_in_durablekv, _tags_refused,
                      _temporary_cache_path, _timeout_refused,
                      unknown_options)
-from .dirlock import _acquire_dir_lock, _move_aside
-from . import pgwire as _pgwire
-from .errors import (CacheClosedError, CacheFailedError, ConfigError, CorruptStoreError,
-                     WriteBehindError)
+from .dirlock import _acquire_dir_lock
+from .errors import CacheClosedError, CacheFailedError, ConfigError, WriteBehindError
 from .counts import KeyCounts
 from .expiry import Expiry
 from .fastpath import FastPath
@@ -71,11 +69,11 @@ from .nowait import NoWait
 from .tier import HAS_TTL, RESIDENT, SLOTTED, MemoryTier, make_tier
 from .policies import check_policy
 from .log.recovery import LogReplay, gc_paused as _gc_paused
-from .log.segments import OP_CLEAR, OP_SET, _first_lsn_of, list_segments
+from .log.segments import OP_CLEAR, OP_SET
 from .log.replaylog import ReplayLog
 from .scan import Scans
-from .stores.sqlite import SQLitePageStore
-from .stores.sqlitefile import STORE_FILE, check_store_files
+from .stores.base import PageStore
+from .stores.factory import check_store_args, open_store, refuse_other_kinds
 from .writeback import WriteBack
 from .warm import WarmRestart
 from .writes import WritePath
@@ -268,7 +266,7 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
                       max_memory_bytes=max_memory_bytes, size_limit=size_limit)
         self.max_memory_bytes = max_memory_bytes
         self.size_limit = size_limit
-        _pgwire.check_store_args(store, namespace, durability)
+        check_store_args(store, namespace, durability)
         self.policy = check_policy(policy)
         if type(warm) is not bool:
             raise ConfigError(f"warm={warm!r}: expected True (preload the pages that were "
@@ -299,7 +297,7 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
         self._ttl_clock = (0.0, -math.inf)  # (offset, TTL time) for the store: see _now
         if not self._temporary:
             _make_cache_dir(path)
-        self._store: SQLitePageStore | None = None
+        self._store: PageStore | None = None
         self._log: ReplayLog | None = None
         self._batcher: WriteBehindBatcher | None = None
         self._tier: MemoryTier | None = None
@@ -313,7 +311,7 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
                 _make_temporary_dir(self)
             try:
                 if self._store_url is None:
-                    _pgwire.refuse_other_kinds(path)  # before LOCK is made in a directory not ours
+                    refuse_other_kinds(path)  # before LOCK is made in a directory not ours
                 self._lock_fd = _acquire_dir_lock(path)
             except PermissionError as exc:
                 raise ConfigError(_unwritable(path, exc)) from exc
@@ -336,35 +334,11 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
 
     def _open(self, page_size, max_pages, on_corruption, salvage_log, busy_timeout,
               segment_bytes) -> None:
-        self.store_rebuilds = 0
-        if self._store_url is None:
-            check_store_files(self.path)
-        try:
-            self._store = (_pgwire.open_store(self._store_url, self.namespace, self.path,
-                                              durability=self.durability, page_size=page_size,
-                                              serializer=self._codec.name,
-                                              connect_timeout=busy_timeout)
-                           if self._store_url is not None else
-                           SQLitePageStore(self.path, durability=self.durability,
-                                           page_size=page_size, serializer=self._codec.name,
-                                           busy_timeout=busy_timeout,
-                                           verify=on_corruption == "rebuild"))
-        except CorruptStoreError as exc:
-            if on_corruption != "rebuild" or self._store_url is not None:
-                raise
-            # The new store, whole, before the damaged one moves; it starts
-            # where the replay log does, which it continues.
-            segments = list_segments(self.path)
-            SQLitePageStore.prepare_rebuild(
-                self.path, page_size=page_size, serializer=self._codec.name,
-                checkpoint_lsn=_first_lsn_of(segments[0]) - 1 if segments else 0)
-            aside = _move_aside(os.path.join(self.path, STORE_FILE))
-            log.warning("page store %s is damaged (%s); moved it to %s and started empty",
-                        exc.path, exc.detail, aside)
-            self.store_rebuilds = 1
-            self._store = SQLitePageStore(self.path, durability=self.durability,
-                                          page_size=page_size, serializer=self._codec.name,
-                                          busy_timeout=busy_timeout)
+        self._store, self._log = open_store(
+            self.path, self._store_url, namespace=self.namespace, durability=self.durability,
+            page_size=page_size, serializer=self._codec.name, busy_timeout=busy_timeout,
+            on_corruption=on_corruption, segment_bytes=segment_bytes)
+        self.store_rebuilds = 0 if self._store.rebuilt_from is None else 1
         store = self._store
         self.page_size = store.page_size
         self.max_pages = max_pages
@@ -408,10 +382,6 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
         # page the sweep rewrote meanwhile would be installed stale.
         self._sweep_on = False
         self._sweep_paused_until = 0.0  # monotonic; after a store read error
-        # The log exists in every mode at recovery time: a directory last used
-        # with durability="log" may hold records that must be replayed.
-        self._log = (_pgwire.open_log(store, self.path) if self.durability == "sync" else
-                     ReplayLog(self.path, durability=self.durability, segment_bytes=segment_bytes))
         self._batcher = WriteBehindBatcher(self, store, self._log if self.durability != "none" else None,
                                            interval=self.flush_interval,
                                            sync_log=self.durability == "log",

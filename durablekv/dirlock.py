@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 
 from ._perms import FILE_MODE
 from .errors import CacheLockedError
@@ -112,21 +111,3 @@ def _release_dir_lock(fds: tuple[int, int]) -> None:
     finally:
         _unlock_directory(dir_fd)
 
-
-def _move_aside(path: str) -> str:
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    aside = f"{path}.corrupt-{stamp}"
-    n = 1
-    while os.path.exists(aside):
-        n += 1
-        aside = f"{path}.corrupt-{stamp}-{n}"
-    # The WAL first, the damage marker last: a kill in between must not
-    # leave the damaged store's WAL for the new store to apply, and must
-    # leave the damaged store marked while it is still in place.
-    for suffix in ("-wal", "-shm"):
-        if os.path.exists(path + suffix):
-            os.replace(path + suffix, aside + suffix)
-    os.replace(path, aside)
-    if os.path.exists(path + ".damaged"):
-        os.replace(path + ".damaged", aside + ".damaged")
-    return aside

@@ -868,7 +868,7 @@ def test_a_rebuild_killed_anywhere_loses_nothing_the_log_holds(tmp_path, monkeyp
     killed in its replay left an empty store at checkpoint 0 and a log at
     LSN 101: every later open called that a gap, and salvage dropped the
     acknowledged writes."""
-    import durablekv.cache as cache_mod
+    import durablekv.stores.factory as factory
     from durablekv.log.replaylog import ReplayLog
 
     d = tmp_path / "c"
@@ -887,7 +887,7 @@ def test_a_rebuild_killed_anywhere_loses_nothing_the_log_holds(tmp_path, monkeyp
     if killed_in == "the replay":
         monkeypatch.setattr(ReplayLog, "recover", killed)
     else:
-        monkeypatch.setattr(cache_mod, "_move_aside", killed)
+        monkeypatch.setattr(factory, "move_aside", killed)
     with pytest.raises(KeyboardInterrupt):
         Cache(d, on_corruption="rebuild")
     monkeypatch.undo()

@@ -7,4 +7,11 @@
 * :mod:`durablekv.stores.postgres`: ``PostgresPageStore``, one namespace of a PostgreSQL
   database (the ``postgres`` extra); :mod:`durablekv.stores.pglog`: the replay log in
   PostgreSQL for ``durability="sync"``.
+* :mod:`durablekv.stores.factory`: :func:`open_store`, the one place a cache's store
+  (and its replay log) is chosen from its location, with the checks of ``store=`` and
+  ``namespace=``.
 """
+
+from .factory import open_store
+
+__all__ = ["open_store"]

@@ -20,7 +20,7 @@ share one database):
   ``flush_seq``, the number of flush transactions committed, ``owner``, a
   token the current owner wrote when it took the namespace, and
   ``namespace_uuid``, fixed at creation (a cache directory records it in
-  its ``STORE`` file, see :mod:`durablekv.pgwire`);
+  its ``STORE`` file, see :mod:`durablekv.stores.factory`);
 * ``dkv_log(ns_id, lsn, record)``: the replay log of ``durability="sync"``
   (see :mod:`durablekv.stores.pglog`).
 
@@ -198,6 +198,9 @@ class PostgresPageStore:
     :raises NamespaceLockedError: another session owns the namespace.
     :raises SchemaVersionError: the database has a newer durablekv schema.
     """
+
+    #: never rebuilt in place (see SQLitePageStore.rebuilt_from)
+    rebuilt_from: str | None = None
 
     def __init__(self, conninfo: str, namespace: str, *, durability: str = "log",
                  page_size: int | None = None, serializer: str = "safe",

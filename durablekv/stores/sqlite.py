@@ -71,6 +71,11 @@ class SQLitePageStore:
     :param serializer: name of the value codec; fixed at creation.
     :param busy_timeout: seconds SQLite waits on a lock held by another
         process before a statement fails (the batcher then retries).
+    :param verify: check every page's checksum at open (a store about to
+        be rebuilt if damaged).
+    :param rebuilt_from: where the damaged store this one replaces was
+        moved (:func:`~durablekv.stores.factory.open_store` sets it), kept
+        as :attr:`rebuilt_from`.
     :raises CorruptStoreError: the file is not a readable durablekv store.
     :raises SchemaVersionError: the file comes from a newer durablekv.
     :raises ConfigError: ``page_size``/``serializer`` differ from the stored ones.
@@ -82,8 +87,11 @@ class SQLitePageStore:
 
     def __init__(self, directory: str | os.PathLike, *, durability: str = "log",
                  page_size: int | None = None, serializer: str = "safe",
-                 busy_timeout: float = 5.0, verify: bool = False) -> None:
+                 busy_timeout: float = 5.0, verify: bool = False,
+                 rebuilt_from: str | None = None) -> None:
         self.path = os.path.join(os.fspath(directory), STORE_FILE)
+        #: the damaged store this one replaced (moved aside), or None
+        self.rebuilt_from = rebuilt_from
         self._w: sqlite3.Connection | None = None
         self._r: sqlite3.Connection | None = None
         # Reads may share one read transaction between commits (see

@@ -14,6 +14,7 @@ import pwd
 import shlex
 import sqlite3
 import stat
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,7 +26,7 @@ from .base import ordered_migrations
 log = logging.getLogger("durablekv.store")
 
 __all__ = ["STORE_FILE", "DAMAGE_MARKER", "check_store_files", "mark_damaged", "migration_files",
-           "read_only_uri"]
+           "read_only_uri", "move_aside"]
 
 
 STORE_FILE = "pages.sqlite3"
@@ -223,3 +224,24 @@ def _statements(sql: str) -> Iterator[str]:
             buf = ""
     if buf.strip():
         raise RuntimeError(f"incomplete SQL statement in migration: {buf.strip()[:60]!r}")
+
+
+def move_aside(path: str) -> str:
+    """Move the damaged store ``path`` (with its WAL, shared memory and damage
+    marker) to ``<path>.corrupt-<time>``, a name no store has; return it."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = f"{path}.corrupt-{stamp}"
+    n = 1
+    while os.path.exists(aside):
+        n += 1
+        aside = f"{path}.corrupt-{stamp}-{n}"
+    # The WAL first, the damage marker last: a kill in between must not
+    # leave the damaged store's WAL for the new store to apply, and must
+    # leave the damaged store marked while it is still in place.
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    os.replace(path, aside)
+    if os.path.exists(path + ".damaged"):
+        os.replace(path + ".damaged", aside + ".damaged")
+    return aside

@@ -1,26 +1,33 @@
-"""How a :class:`~durablekv.Cache` opens a PostgreSQL page store.
+"""Which page store a cache opens, and its replay log: the one place a
+store is chosen, and the checks of ``store=`` and ``namespace=``.
 
-``Cache(directory, store="postgresql://...", namespace="name")``: the pages,
-key index and checkpoint go to PostgreSQL (:mod:`durablekv.stores.postgres`);
-the directory keeps the ``LOCK`` file and (except with ``durability="sync"``,
-whose log is in PostgreSQL: :mod:`durablekv.stores.pglog`) the replay log.
-The cache's own code only calls :func:`check_store_args`, :func:`open_store`
-and :func:`open_log`.
+:func:`open_store` opens SQLite (``pages.sqlite3`` in the cache directory,
+:mod:`durablekv.stores.sqlite`) or, for ``store="postgresql://..."``, one
+namespace of a PostgreSQL database (:mod:`durablekv.stores.postgres`), and
+the replay log beside it (except with ``durability="sync"``, whose log is
+in PostgreSQL: :mod:`durablekv.stores.pglog`). A PostgreSQL cache's
+directory keeps the ``LOCK`` file and the replay log, bound to its
+namespace by the ``STORE`` file (:func:`bind_directory`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
-from ._perms import FILE_MODE
-from .errors import ConfigError
-from .log.segments import list_segments
-from .log.replaylog import _fsync_dir
-from .stores.sqlitefile import STORE_FILE
+from .._perms import FILE_MODE
+from ..errors import ConfigError, CorruptStoreError
+from ..log.replaylog import ReplayLog, _fsync_dir
+from ..log.segments import _first_lsn_of, list_segments
+from .base import PageStore
+from .sqlite import SQLitePageStore
+from .sqlitefile import STORE_FILE, check_store_files, move_aside
 
-__all__ = ["check_store_args", "open_store", "open_log", "bind_directory", "is_postgres_url",
-           "BINDING_FILE"]
+log = logging.getLogger("durablekv")
+
+__all__ = ["open_store", "check_store_args", "refuse_other_kinds", "bind_directory",
+           "is_postgres_url", "BINDING_FILE"]
 
 
 def is_postgres_url(store: Any) -> bool:
@@ -67,12 +74,12 @@ def _redacted(url: str) -> str:
     return f"{scheme}{sep}{userinfo}{at}{host}{slash}{path}"
 
 
-def open_store(store: str, namespace: str, directory: str, *, durability: str,
-               page_size: int | None, serializer: str, connect_timeout: float) -> Any:
+def _open_postgres(url: str, namespace: str, directory: str, *, durability: str,
+                   page_size: int | None, serializer: str, connect_timeout: float) -> Any:
     """The :class:`~durablekv.stores.postgres.PostgresPageStore` of the cache
     in ``directory``, which is bound to it (see :func:`bind_directory`)."""
-    from .stores.postgres import PostgresPageStore
-    opened = PostgresPageStore(store, namespace, durability=durability, page_size=page_size,
+    from .postgres import PostgresPageStore
+    opened = PostgresPageStore(url, namespace, durability=durability, page_size=page_size,
                                serializer=serializer, connect_timeout=connect_timeout)
     try:
         bind_directory(directory, opened)
@@ -166,8 +173,76 @@ def refuse_other_kinds(directory: str) -> None:
                           f"({directory!r})")
 
 
-def open_log(store: Any, directory: str) -> Any:
-    """The ``durability="sync"`` log of a PostgreSQL store's cache
-    (:class:`~durablekv.stores.pglog.PgReplayLog`)."""
-    from .stores.pglog import PgReplayLog
-    return PgReplayLog(store, directory)
+def open_store(directory: str, url: str | None = None, *, namespace: str | None = None,
+               durability: str = "log", page_size: int | None = None,
+               serializer: str = "safe", busy_timeout: float = 5.0,
+               on_corruption: str = "raise",
+               segment_bytes: int = 64 << 20) -> tuple[PageStore, Any]:
+    """Open the page store of the cache in ``directory`` and its replay log:
+    the one place a store is chosen.
+
+    :param directory: the cache directory (its ``LOCK`` is held by the caller).
+    :param url: None for SQLite (``pages.sqlite3`` in ``directory``), or a
+        ``postgresql://`` URL (checked by :func:`check_store_args` first).
+    :param namespace: the PostgreSQL namespace (with ``url``).
+    :param durability: ``"none"``, ``"log"``, ``"fsync"``, or ``"sync"``
+        (PostgreSQL only: the log is the database's, :class:`PgReplayLog`).
+    :param page_size: entries per page for a new store; None: the stored one.
+    :param serializer: the value codec's name, checked against the store's.
+    :param busy_timeout: seconds to wait for a lock (SQLite) or to connect
+        (PostgreSQL).
+    :param on_corruption: ``"raise"``, or ``"rebuild"``: a damaged SQLite
+        store is moved aside (``pages.sqlite3.corrupt-<time>``) and a new,
+        empty one continues the replay log; the new store's ``rebuilt_from``
+        names the old one.
+    :param segment_bytes: the replay log's segment size.
+    :returns: ``(store, log)``; the log is not recovered yet (the caller
+        runs ``log.recover(store.checkpoint_lsn)``). On an error nothing is
+        left open.
+    :raises ConfigError: bad ``url``/``namespace``, or a log that belongs to
+        another store.
+    :raises CorruptStoreError: a damaged store (``on_corruption="raise"``).
+    :raises StoreError: the store cannot be opened.
+    """
+    check_store_args(url, namespace, durability)
+    if url is None:
+        check_store_files(directory)
+        try:
+            store: Any = SQLitePageStore(directory, durability=durability, page_size=page_size,
+                                         serializer=serializer, busy_timeout=busy_timeout,
+                                         verify=on_corruption == "rebuild")
+        except CorruptStoreError as exc:
+            if on_corruption != "rebuild":
+                raise
+            store = _rebuild(directory, exc, durability=durability, page_size=page_size,
+                             serializer=serializer, busy_timeout=busy_timeout)
+    else:
+        store = _open_postgres(url, namespace, directory, durability=durability,
+                               page_size=page_size, serializer=serializer,
+                               connect_timeout=busy_timeout)
+    try:
+        # The log exists in every mode at recovery time: a directory last used
+        # with durability="log" may hold records that must be replayed.
+        if durability == "sync":
+            from .pglog import PgReplayLog
+            log: Any = PgReplayLog(store, directory)
+        else:
+            log = ReplayLog(directory, durability=durability, segment_bytes=segment_bytes)
+    except BaseException:
+        store.close()
+        raise
+    return store, log
+
+
+def _rebuild(directory: str, exc: CorruptStoreError, **options: Any) -> SQLitePageStore:
+    """A new, empty SQLite store in place of the damaged one, which moves
+    aside: the new one is built whole first, and starts where the replay log
+    does, which it continues."""
+    segments = list_segments(directory)
+    SQLitePageStore.prepare_rebuild(
+        directory, page_size=options["page_size"], serializer=options["serializer"],
+        checkpoint_lsn=_first_lsn_of(segments[0]) - 1 if segments else 0)
+    aside = move_aside(os.path.join(directory, STORE_FILE))
+    log.warning("page store %s is damaged (%s); moved it to %s and started empty",
+                exc.path, exc.detail, aside)
+    return SQLitePageStore(directory, rebuilt_from=aside, **options)
