@@ -203,7 +203,7 @@ class AtomicOps:
             with self._lock:
                 self._check_open()
                 key = next(iter(self._tier.table), _MISSING)
-                if key is _MISSING and not self._clear_pending:
+                if key is _MISSING and not self._store_keys.clear_pending:
                     row = self._store.any_key(set(self._tier.pages))
                     if row is not None:
                         key = _codec.decode_key(row[1] or row[0])

@@ -27,7 +27,7 @@ replay log is still fsynced every ``interval`` (durability ``log``), and a
 The batcher knows its collaborators only by these protocols:
 
 * ``source.take_snapshot() -> Snapshot | None`` (takes the source's lock and
-  copies what is dirty), ``snapshot.size`` (pages in it),
+  copies what is dirty), ``snapshot.size`` (pages in it), ``snapshot.page_id(i)``,
   ``snapshot.build(indices=None, uncommitted=()) -> Batch`` (encodes, outside
   any lock; the checkpoint stays below the changes of ``uncommitted`` pages),
   ``source.flush_done(snapshot, indices, added)`` (``added``: the keys whose
@@ -105,14 +105,40 @@ class Batch:
 
 class _Snapshot(Protocol):
     checkpoint_lsn: int
+    size: int
 
-    def build(self) -> Batch: ...
+    def page_id(self, index: int) -> int:
+        """The id of item ``index``'s page (named in errors)."""
+
+    def build(self, indices: list[int] | None = None,
+              uncommitted: Any = frozenset()) -> Batch: ...
+
+
+class FlushSource(Protocol):
+    """What the batcher calls on its source (a cache hands it a
+    :class:`~durablekv.writeback.CacheFlushSource`; tests/test_batcher.py
+    an in-memory one). Every call but ``background_work`` comes from a
+    cycle, so never two at once."""
+
+    def take_snapshot(self) -> _Snapshot | None:
+        """Copy what is dirty (under the source's own lock), or None when
+        there is nothing to commit."""
+
+    def flush_done(self, snapshot: Any, indices: list[int] | None, added: list) -> None:
+        """``snapshot``'s items ``indices`` (all: None) are committed."""
+
+    def flush_failed(self, snapshot: Any, indices: list[int] | None = None) -> None:
+        """``snapshot``'s items ``indices`` (all: None) were not committed;
+        they stay dirty."""
+
+    def background_work(self) -> None:
+        """Work to run on the batcher's thread before each cycle."""
 
 
 class WriteBehindBatcher:
     """Owns the writer thread.
 
-    :param source: the cache (see the module docstring for the protocol).
+    :param source: a :class:`FlushSource` (see the module docstring).
     :param store: the page store.
     :param replay_log: the replay log to fsync each cycle (``log`` mode) and
         to cut back after checkpoints, or None.
@@ -121,7 +147,7 @@ class WriteBehindBatcher:
     :param name: used in the thread name and messages.
     """
 
-    def __init__(self, source: Any, store: Any, replay_log: Any, *, interval: float,
+    def __init__(self, source: FlushSource, store: Any, replay_log: Any, *, interval: float,
                  sync_log: bool, name: str, path: str, max_backoff: float = 1.0,
                  duty_ratio: float = 3.0) -> None:
         self._source = source
@@ -373,7 +399,7 @@ class WriteBehindBatcher:
                 # the cause, not a page that only waits for the failing one
                 first = next((e for _, e in failed if not isinstance(e, HeldKeyError)),
                              failed[0][1])
-                pages = [snap.items[i][0].page_id for i, _ in failed]
+                pages = [snap.page_id(i) for i, _ in failed]
                 raise WriteBehindError(
                     self._path, first,
                     f"write-behind flush to {self._path!r} cannot store page(s) {pages} "

@@ -58,11 +58,11 @@ from .config import (DEFAULT_MAX_VALUE_BYTES, MAX_KEY_BYTES, _CLOSED, _CLOSING,
 from .dirlock import _acquire_dir_lock
 from .errors import CacheClosedError, CacheFailedError, ConfigError, WriteBehindError
 from .counts import KeyCounts
+from .storekeys import StoreKeys
 from .expiry import Expiry
 from .fastpath import FastPath
 from .faults import PageFaults
 from .introspect import Introspection
-from .keyfilter import KeyFilter
 from .lifecycle import Lifecycle, _open_caches
 from .memoize import memoize as _memoize
 from .nowait import NoWait
@@ -74,7 +74,7 @@ from .log.replaylog import ReplayLog
 from .scan import Scans
 from .stores.base import PageStore
 from .stores.factory import check_store_args, open_store, refuse_other_kinds
-from .writeback import WriteBack
+from .writeback import CacheFlushSource, WriteBack
 from .warm import WarmRestart
 from .writes import WritePath
 from ._accel import native as _native
@@ -362,27 +362,22 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
         self._tier.next_page_id = store.max_page_id + 1
         self._counts = KeyCounts(store.key_count, store.ttl_key_count)
         self._last_lsn = store.checkpoint_lsn
-        self._clear_pending = False
-        self._clear_lsn = 0
-        self._absent: Any = _MISSING  # a key just found absent from the store
-        # Bloom filter of the store's keys (see keyfilter.py): ready at once for
-        # an empty store, else after the batcher's background scan.
-        self._filter = KeyFilter(2 * store.key_count)
-        self._filter_building: KeyFilter | None = None
-        if store.key_count == 0 and store.max_page_id == 0:
-            self._filter.ready = True
-        else:
-            self._start_filter_build(self._filter)
+        # which keys the store may hold: a pending clear, the Bloom filter of
+        # its keys (ready at once for an empty store, else after the batcher's
+        # background scan), the look-aside miss (see storekeys.py)
+        self._store_keys = StoreKeys(store.key_count,
+                                     empty=store.key_count == 0 and store.max_page_id == 0)
         self._failure: BaseException | None = None
         self._memory_hits = self._store_hits = self._misses = 0
         self._sets = self._deletes = self._expirations = 0
-        # The write-behind's expiry sweep (background_work). Off until the
+        # The write-behind's expiry sweep (_background_work). Off until the
         # recovery below is done: it reads stored pages in batches and may
         # wait for back-pressure between reading and installing them, and a
         # page the sweep rewrote meanwhile would be installed stale.
         self._sweep_on = False
         self._sweep_paused_until = 0.0  # monotonic; after a store read error
-        self._batcher = WriteBehindBatcher(self, store, self._log if self.durability != "none" else None,
+        self._batcher = WriteBehindBatcher(CacheFlushSource(self), store,
+                                           self._log if self.durability != "none" else None,
                                            interval=self.flush_interval,
                                            sync_log=self.durability == "log",
                                            name=self.name, path=self.path)
@@ -458,13 +453,12 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
         """
         with self._lock:
             replay = LogReplay(
-                self._tier, self._store, self._codec, self._counts, directory=self.path,
-                max_pending_pages=self.max_pending_pages, clear=self._apply_clear,
-                fault_in=self._fault_in, whole=self._whole, backpressure=self._backpressure,
-                reserve_filter=self._filter_reserve,
-                nothing_stored=lambda: self._clear_pending, key_filter=lambda: self._filter)
+                self._tier, self._store, self._codec, self._counts, self._store_keys,
+                directory=self.path, max_pending_pages=self.max_pending_pages,
+                clear=self._apply_clear, fault_in=self._fault_in, whole=self._whole,
+                backpressure=self._backpressure)
             self._last_lsn = replay.apply(records)
-            self._absent = _MISSING
+            self._store_keys.key_added()
             if len(self._tier.dirty) >= self.flush_batch_pages:
                 self._batcher.kick()
 
@@ -716,8 +710,7 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
                         expire_at = None
                     else:
                         lsn_to_sync = None
-                elif ck is not None and (self._absent is key or self._clear_pending or (
-                        self._filter.ready and ck not in self._filter)):
+                elif ck is not None and self._store_keys.surely_absent(key, ck):
                     # A new key that SQLite cannot hold either (the look-aside
                     # miss, a pending clear, or the key filter says so: the
                     # questions _locate asks, with the key already encoded):
@@ -805,7 +798,7 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
                 return counts.keys
             now = self._now()
             self._expire_in_memory(now)
-            if self._clear_pending or not counts.ttl_keys:
+            if self._store_keys.clear_pending or not counts.ttl_keys:
                 return counts.keys
             # A page not in memory is exactly as committed, and its index
             # rows carry its entries' expiries; a page in memory was counted

@@ -3,7 +3,7 @@
 :class:`Expiry` (mixed into :class:`~durablekv.cache.Cache`). The TTL clock
 (``_now``) is the injected ``clock`` (default ``time.time``) plus an offset
 that keeps TTL time from going backwards; the offset is persisted with each
-flush. The sweep runs on the batcher thread (``background_work``) in slices
+flush. The sweep runs on the batcher thread (``background_work``, :class:`~durablekv.writeback.CacheFlushSource`) in slices
 of ``_SWEEP_SLICE`` stored pages, each under the cache lock.
 """
 
@@ -104,7 +104,7 @@ class Expiry:
             tier = self._tier
             removed = self._expire_in_memory(now)
             seen: set[int] = set()  # each page is done at most once
-            while self._counts.ttl_keys and not self._clear_pending:
+            while self._counts.ttl_keys and not self._store_keys.clear_pending:
                 room = self.max_pending_pages - tier.pending
                 if room <= 0:
                     self._backpressure()  # the lock is released meanwhile
@@ -155,7 +155,7 @@ class Expiry:
         while budget > 0:
             with self._lock:
                 tier = self._tier
-                if self._state is not _OPEN or not self._counts.ttl_keys or self._clear_pending:
+                if self._state is not _OPEN or not self._counts.ttl_keys or self._store_keys.clear_pending:
                     break
                 # (at least one page: max_pending_pages may be 1)
                 room = min(budget, _SWEEP_SLICE,

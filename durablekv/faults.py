@@ -39,7 +39,8 @@ class PageFaults:
         :raises TypeError: an unsupported key (from ``canonical_key``): every
             answer but the look-aside one below comes after that check.
         """
-        if self._absent is key:
+        keys = self._store_keys
+        if keys.absent is key:
             # This very object was looked up a moment ago and not found, so it
             # passed the key check; nothing has inserted it since (an insert
             # clears this), so it cannot have reached the store: a look-aside
@@ -58,14 +59,14 @@ class PageFaults:
             if plain is key:
                 raise
             ck = _codec.canonical_key(plain)
-        if self._clear_pending:
+        if keys.clear_pending:
             return None
-        if self._filter.ready and ck not in self._filter:
-            self._absent = key
+        if keys.excluded(ck):
+            keys.found_absent(key)
             return None
         found = self._store.find(ck)
         if found is None:
-            self._absent = key
+            keys.found_absent(key)
             return None
         pid = found[0]
         row = None if found[1] is None else found[1:]

@@ -25,9 +25,10 @@ class NoWait:
         try:
             if self._tier.table.get(key) is not None:
                 return True
-            if self._absent is key or self._clear_pending:
+            keys = self._store_keys
+            if keys.absent is key or keys.clear_pending:
                 return True
-            return self._filter.ready and _codec.canonical_key(key) not in self._filter
+            return keys.excluded(_codec.canonical_key(key))
         except TypeError:
             return False  # the waiting path raises the TypeError set() gives
 

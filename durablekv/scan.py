@@ -65,7 +65,7 @@ class Scans:
                     if now >= e:
                         continue
                 keys.append(k)
-            if not self._clear_pending:
+            if not self._store_keys.clear_pending:
                 in_memory = self._tier.pages
                 table = self._tier.table
                 decode = _codec.decode_key
@@ -142,7 +142,7 @@ class Scans:
         table = tier.table
         # After a clear() the store's pages are stale until a flush wipes
         # them: only memory holds entries then (_scan_lookup looks there).
-        rows = {} if self._clear_pending else \
+        rows = {} if self._store_keys.clear_pending else \
             self._store.read_pages([p for p in pids if p not in tier.pages])
         # (a page in memory, even in part under policy="midpoint", is looked
         # up key by key below: _scan_lookup reads what memory lacks)
@@ -178,7 +178,7 @@ class Scans:
             if e is not None and now >= e:
                 return None
             return key, self._codec.from_memory(page.values[slot]), e
-        if self._clear_pending:
+        if self._store_keys.clear_pending:
             return None
         found = self._store.find(_codec.canonical_key(key))
         if found is None:

@@ -290,7 +290,7 @@ class WarmRestart:
         while pos < len(ids):
             self._warm_gate()
             with self._lock:
-                if self._clear_pending:
+                if self._store_keys.clear_pending:
                     return
                 if self._state is not _OPEN:
                     # closing: the list saved at close keeps what was not read

@@ -1,10 +1,13 @@
 """The cache's side of the write-behind: snapshots of dirty pages, and what a flush reports back.
 
-The batcher (:mod:`durablekv.batcher`) calls exactly these on its host:
-``take_snapshot()``, ``flush_done(snap, indices, ...)``, ``flush_failed(snap,
-indices)`` and ``background_work()``. :class:`_Snapshot` copies dirty pages
-under the cache lock and encodes them later (off the lock) into a
-:class:`~durablekv.batcher.Batch`. The key filter's build (a scan of the
+The batcher (:mod:`durablekv.batcher`) is handed a :class:`CacheFlushSource`,
+the small object with the four calls of its source protocol
+(:class:`~durablekv.batcher.FlushSource`): ``take_snapshot()``,
+``flush_done(snap, indices, added)``, ``flush_failed(snap, indices)`` and
+``background_work()``. They run the cache's private steps of the same names
+(:class:`WriteBack`), which are not part of the cache's API.
+:class:`_Snapshot` copies dirty pages under the cache lock and encodes them
+later (off the lock) into a :class:`~durablekv.batcher.Batch`. The key filter's build (a scan of the
 store's keys on the batcher thread) lives here too: flushes feed it.
 
 DESIGN.md put ``_Snapshot`` under scans; the code shows it is the write-behind's
@@ -71,6 +74,10 @@ class _Snapshot:
     @property
     def size(self) -> int:
         return len(self.items)
+
+    def page_id(self, index: int) -> int:
+        """The id of item ``index``'s page."""
+        return self.items[index][0].page_id
 
     def build(self, indices: list[int] | None = None,
               uncommitted: set[int] | frozenset = frozenset()) -> Batch:
@@ -164,53 +171,41 @@ class _Snapshot:
                      self.cache.size_limit, self.keep, self.left)
 
 
-class WriteBack:
-    """The methods the write-behind batcher calls on its host."""
+class CacheFlushSource:
+    """A cache as the write-behind batcher's source
+    (:class:`~durablekv.batcher.FlushSource`): each call runs the cache's
+    private step of that name, looked up at the call (so a test may replace
+    one on the cache or its class)."""
 
-    def _filter_add_many(self, cks: list[bytes]) -> None:
-        """Add keys a flush just committed to the store's key index to the key
-        filter (lock held); start building a larger one when it is overfull.
+    __slots__ = ("_cache",)
 
-        A filter being built (or not ready yet) gets nothing here: the
-        batcher's scan that completes it (:meth:`background_work`) starts
-        after the build did and reads every commit made before it, and no
-        commit happens between that scan and its merge (one thread does
-        both)."""
-        f = self._filter
-        if f.ready:
-            f.add_many(cks)
-            if f.overfull and self._filter_building is None:
-                self._start_filter_build(KeyFilter(4 * max(f.added, self._counts.keys)))
+    def __init__(self, cache: "Cache") -> None:
+        self._cache = cache
 
-    def _filter_reserve(self, n: int) -> None:
-        """Make room for ``n`` new keys entering the memory tier at once
-        (recovery; lock held): the flushes that store them add them to the
-        filter, so size it for them now instead of rebuilding it each time
-        it fills up."""
-        f, building = self._filter, self._filter_building
-        target = f if building is None else building
-        if target.added + n <= 2 * target.capacity:  # not overfull afterwards
-            return
-        if building is None and f.ready and f.added == 0:
-            # No flush has added a key since this filter was complete, so the
-            # store holds none outside the pages in memory (a new or a cleared
-            # store; a commit whose flush_done is still to come adds its keys
-            # to whichever filter is current then): an empty bigger filter is
-            # as complete.
-            self._filter = KeyFilter(2 * n)
-            self._filter.ready = True
-            return
-        self._start_filter_build(KeyFilter(2 * (max(target.added, self._counts.keys) + n)))
+    def take_snapshot(self) -> "_Snapshot | None":
+        """The dirty pages, copied under the cache's lock; None: nothing to commit."""
+        return self._cache._take_snapshot()
 
-    def _start_filter_build(self, target: KeyFilter) -> None:
-        """Start building ``target`` (lock held, or at open): the store's keys go
-        in through the batcher's scan (:meth:`background_work`); once it is
-        the filter, later commits add theirs through :meth:`flush_done`. Keys
-        only in memory stay out of it: the page table finds them, and they go
-        in when a flush stores them."""
-        self._filter_building = target
+    def flush_done(self, snap: "_Snapshot", indices: list[int] | None,
+                   added: list[bytes]) -> None:
+        """``snap``'s items ``indices`` (all: None) are committed; ``added``:
+        the canonical keys whose index rows the commit added."""
+        self._cache._flush_done(snap, indices, added)
+
+    def flush_failed(self, snap: "_Snapshot", indices: list[int] | None = None) -> None:
+        """``snap``'s items ``indices`` (all: None) were not committed."""
+        self._cache._flush_failed(snap, indices)
 
     def background_work(self) -> None:
+        """Between cycles, on the batcher's thread: the expiry sweep and the
+        key filter's scan."""
+        self._cache._background_work()
+
+
+class WriteBack:
+    """The cache's steps behind :class:`CacheFlushSource`."""
+
+    def _background_work(self) -> None:
         """Batcher thread, between cycles: remove expired entries from stored
         pages (:meth:`_sweep_expired`), and scan the store's keys into the
         filter being built. No commit can happen meanwhile (this thread makes
@@ -233,23 +228,20 @@ class WriteBack:
                             _SWEEP_RETRY, exc)
         self._residency_tick()  # the warm restart's list, at most every RESIDENCY_INTERVAL
         with self._lock:
-            target = self._filter_building
+            target = self._store_keys.build_target()
         if target is None:
             return
         scanned = KeyFilter(target.capacity)
         scanned.add_all(self._store.iter_keys())
         with self._lock:
-            if self._filter_building is target:
-                target.merge(scanned)
-                target.ready = True
-                self._filter = target
-                self._filter_building = None
+            self._store_keys.finish_build(target, scanned)
 
-    def take_snapshot(self) -> _Snapshot | None:
+    def _take_snapshot(self) -> _Snapshot | None:
         with self._lock:
             tier = self._tier
+            keys = self._store_keys
             limit = self.size_limit
-            if not tier.dirty and not self._clear_pending and \
+            if not tier.dirty and not keys.clear_pending and \
                     self._last_lsn <= self._store.checkpoint_lsn and \
                     self._ttl_clock == self._store.ttl_clock and \
                     (limit is None or not tier.departed and (
@@ -266,8 +258,8 @@ class WriteBack:
                       tier.start_flush(p))
                      for p in tier.dirty.values()]
             if limit is None:
-                return _Snapshot(self, items, self._last_lsn, self._clear_pending,
-                                 self._clear_lsn, self._ttl_clock)
+                return _Snapshot(self, items, self._last_lsn, keys.clear_pending,
+                                 keys.clear_lsn, self._ttl_clock)
             # The store evicts no resident page. A page it evicts is then
             # either out of memory (its committed image was its latest state)
             # or pending and written by this very transaction, which it
@@ -278,10 +270,10 @@ class WriteBack:
             left, tier.departed = tier.departed, []
             # (a midpoint page in memory in part too: the store holds the rest)
             keep = frozenset([pid for pid, p in tier.pages.items() if p.state != PENDING])
-            return _Snapshot(self, items, self._last_lsn, self._clear_pending, self._clear_lsn,
+            return _Snapshot(self, items, self._last_lsn, keys.clear_pending, keys.clear_lsn,
                              self._ttl_clock, keep, left, (len(tier.pages), tier.evictions))
 
-    def flush_done(self, snap: _Snapshot, indices: list[int] | None,
+    def _flush_done(self, snap: _Snapshot, indices: list[int] | None,
                    added: list[bytes]) -> None:
         """Record a committed flush of ``snap``'s items ``indices`` (all when
         None); ``added``: the canonical keys whose index rows it added.
@@ -295,11 +287,13 @@ class WriteBack:
         start, n = 0, len(added)
         while n - start > _FILTER_SLICE:
             with self._lock:
-                self._filter_committed(snap, added[start:start + _FILTER_SLICE])
+                self._store_keys.committed(added[start:start + _FILTER_SLICE],
+                                           snap.clear_lsn, self._counts.keys)
             start += _FILTER_SLICE
         with self._lock:
             if start < n:
-                self._filter_committed(snap, added[start:] if start else added)
+                self._store_keys.committed(added[start:] if start else added,
+                                           snap.clear_lsn, self._counts.keys)
             tier = self._tier
             for i in (range(len(snap.items)) if indices is None else indices):
                 p, version, kv = snap.items[i][:3]
@@ -311,8 +305,7 @@ class WriteBack:
             tier.shrink()
             if snap.clear:
                 snap.clear = False  # committed with these pages
-                if self._clear_lsn == snap.clear_lsn:
-                    self._clear_pending = False
+                self._store_keys.clear_committed(snap.clear_lsn)
             if indices is None:
                 self._store.resume_snapshot()
             if len(tier.dirty) >= self.flush_batch_pages:
@@ -347,14 +340,7 @@ class WriteBack:
         limit = self.size_limit
         self._store_stuck = seen if store.data_bytes > limit else None
 
-    def _filter_committed(self, snap: _Snapshot, cks: list[bytes]) -> None:
-        """Keys ``snap``'s commit added to the key index go into the key filter
-        (lock held), unless the cache was cleared since the snapshot: the
-        next flush deletes them from the store, and their pages are gone."""
-        if self._clear_lsn == snap.clear_lsn:
-            self._filter_add_many(cks)
-
-    def flush_failed(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
+    def _flush_failed(self, snap: _Snapshot, indices: list[int] | None = None) -> None:
         with self._lock:
             if snap.left:
                 # their last use is recorded by a later flush instead

@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import codec as _codec
-from .config import (MAX_KEY_BYTES, MAX_VALUE_BYTES_LIMIT, _FAILED, _MISSING, _OPEN,
+from .config import (MAX_KEY_BYTES, MAX_VALUE_BYTES_LIMIT, _FAILED, _OPEN,
                      _REAL_MONOTONIC, _U32_PACK, _key_too_long)
 from .errors import LogWriteError, WriteBehindError
-from .keyfilter import KeyFilter
 from .log.segments import OP_DELETE, OP_SET
 
 
@@ -69,7 +68,7 @@ class WritePath:
                 self._counts.expiry_changed(old is not None, expire_at is not None)
         else:
             tier.insert(key, held, expire_at, now, lsn, nbytes)
-            self._absent = _MISSING  # (the key filter gets it when a flush stores it)
+            self._store_keys.key_added()  # (the filter gets it when a flush stores it)
             self._counts.added(1, expire_at is not None)
         if tier.pending * 2 >= self.max_pending_pages:
             self._batcher.kick(urgent=True)
@@ -88,12 +87,8 @@ class WritePath:
 
     def _apply_clear(self, lsn: int) -> None:
         self._tier.clear()
-        self._filter = KeyFilter(self._filter.capacity)
-        self._filter.ready = True  # the store is about to be emptied
-        self._filter_building = None
+        self._store_keys.cleared(lsn)  # the store is about to be emptied
         self._counts.cleared()
-        self._clear_pending = True
-        self._clear_lsn = lsn
 
     def _append(self, op: int, kb: bytes, vb: bytes, expire_at: float | None) -> int:
         """Assign the next LSN and log the record (lock held); return the LSN."""

@@ -508,7 +508,7 @@ def test_a_dropped_cache_keeps_the_directory_and_the_error_says_why(tmp_path):
     gc.collect()
     with pytest.raises(CacheLockedError, match="was not closed"):
         open_cache(tmp_path / "c")
-    batcher._source.close()
+    batcher._source._cache.close()
     with opened(tmp_path / "c") as c:
         assert c["a"] == 1
 

@@ -234,11 +234,11 @@ def test_built_pages_and_index_rows_match_the_codec(tmp_path, serializer):
                 serializer=serializer) as cache:
         for i, k in enumerate(_ODD_KEYS):
             cache[k] = _ODD_VALUES[i % len(_ODD_VALUES)]
-        snap = cache.take_snapshot()
+        snap = cache._take_snapshot()
         try:
             batch = snap.build()
         finally:
-            cache.flush_failed(snap)
+            cache._flush_failed(snap)
         codec = cache._codec
         for item, img in zip(snap.items, batch.images):
             keys, values, expires = item[4], item[5], item[6]
@@ -270,11 +270,11 @@ def test_column_fast_path_builds_what_encode_page_builds(tmp_path, keys):
         cache.delete(keys[1])            # leaves an empty slot in the first page
         cache[keys[2]] = b"changed"      # a value-only change
         cache.set(keys[-1], b"new", expire=5.0)
-        snap = cache.take_snapshot()
+        snap = cache._take_snapshot()
         try:
             batch = snap.build()
         finally:
-            cache.flush_failed(snap)
+            cache._flush_failed(snap)
         assert batch.images
         for item, img in zip(snap.items, batch.images):
             page_keys, values, expires = item[4], item[5], item[6]
@@ -391,16 +391,16 @@ def test_batch_counts_the_pages_stored_before(tmp_path):
     with opened(tmp_path / "c", page_size=2, flush_batch_pages=10_000) as cache:
         for i in range(6):
             cache[i] = i  # three new pages
-        snap = cache.take_snapshot()
+        snap = cache._take_snapshot()
         batch = snap.build()
-        cache.flush_failed(snap)
+        cache._flush_failed(snap)
         assert len(batch.images) == 3 and batch.rewritten == 0
         cache.flush()
         cache[0] = "again"  # one stored page rewritten ...
         cache[6] = 6        # ... and one new one
-        snap = cache.take_snapshot()
+        snap = cache._take_snapshot()
         batch = snap.build()
-        cache.flush_failed(snap)
+        cache._flush_failed(snap)
         assert len(batch.images) == 2 and batch.rewritten == 1
 
 
@@ -440,11 +440,11 @@ def test_consecutive_flushes_follow_key_changes(tmp_path):
     """Flush after flush of one page, the column path and the general path
     build the same blob through inserts, deletes, TTL and value-type changes."""
     def built_matches(cache):
-        snap = cache.take_snapshot()
+        snap = cache._take_snapshot()
         try:
             batch = snap.build()
         finally:
-            cache.flush_failed(snap)
+            cache._flush_failed(snap)
         for item, img in zip(snap.items, batch.images):
             page_keys, values, expires = item[4], item[5], item[6]
             entries = [(s, kvcodec.encode_key(k), cache._codec.to_blob(values[s]), expires[s])

@@ -48,10 +48,10 @@ def test_misses_and_new_keys_skip_sqlite_once_the_filter_is_ready(tmp_path):
     # (the write-behind stays idle until flush(): a timed cycle right after
     # open would build the filter before the first assert, as it once did)
     with Cache(d, page_size=4, max_pages=2, flush_interval=3600) as cache:
-        assert not cache._filter.ready  # a store with keys: built by a background scan
+        assert not cache._store_keys.filter.ready  # a store with keys: built by a background scan
         cache["trigger"] = 1
         cache.flush()  # a batcher cycle: the scan runs before it
-        assert cache._filter.ready
+        assert cache._store_keys.filter.ready
         calls = count_lookups(cache)
         for i in range(1000):
             assert cache.get(f"absent{i}") is None
@@ -66,13 +66,13 @@ def test_filter_rebuilds_larger_when_overfull_without_losing_keys(tmp_path, monk
     monkeypatch.setattr(keyfilter, "MIN_CAPACITY", 256)
     d = tmp_path / "c"
     with Cache(d, page_size=4, max_pages=2, flush_batch_pages=4) as cache:
-        first = cache._filter.capacity
+        first = cache._store_keys.filter.capacity
         for i in range(5000):
             cache[f"k{i}"] = i
             if i % 500 == 0:
                 cache.flush()
         cache.flush()
-        assert cache._filter.capacity > first  # rebuilt, larger
+        assert cache._store_keys.filter.capacity > first  # rebuilt, larger
         # pages were evicted and dropped: the keys live only in SQLite now
         for i in range(5000):
             assert cache[f"k{i}"] == i
@@ -103,7 +103,7 @@ def test_add_many_sets_the_same_bits_as_add():
 #
 # The filter is consulted only for keys that are not in the page table, so it
 # must hold every key the store holds on a page that is not in memory. Keys
-# are added when a flush commits their index rows (Cache.flush_done), before
+# are added when a flush commits their index rows (Cache._flush_done), before
 # their pages may leave memory. These tests push keys out of memory (their
 # pages flushed and dropped) and look them up again, through each path that
 # makes or replaces a filter.
@@ -137,12 +137,12 @@ def small_filters(monkeypatch):
 
 def test_a_new_key_enters_the_filter_when_a_flush_stores_it(tmp_path):
     with Cache(tmp_path / "c", page_size=1, max_pages=2, **NEVER) as cache:
-        assert cache._filter.ready  # a new store
+        assert cache._store_keys.filter.ready  # a new store
         cache["k"] = 1
         # only in memory: the page table finds it, the set paid no filter add
-        assert cache._filter.added == 0 and ck("k") not in cache._filter
+        assert cache._store_keys.filter.added == 0 and ck("k") not in cache._store_keys.filter
         cache.flush()
-        assert cache._filter.added == 1 and ck("k") in cache._filter
+        assert cache._store_keys.filter.added == 1 and ck("k") in cache._store_keys.filter
         push_out(cache, ["k"])
         calls = count_lookups(cache)
         assert cache["k"] == 1 and calls == [ck("k")]  # a page fault through the index
@@ -154,12 +154,12 @@ def test_an_evicted_dirty_page_is_found_before_and_after_its_flush(tmp_path):
         cache["k"] = 1
         cache["x"] = 2  # k's page is evicted while dirty: pending, still in the table
         page = cache._tier.table["k"][0]
-        assert page.state == PENDING and ck("k") not in cache._filter
+        assert page.state == PENDING and ck("k") not in cache._store_keys.filter
         calls = count_lookups(cache)
         assert cache["k"] == 1 and calls == []  # taken back from the queue
         assert cache._tier.table["x"][0].state == PENDING
         cache.flush()  # x's pending page is stored, then dropped
-        assert "x" not in cache._tier.table and ck("x") in cache._filter
+        assert "x" not in cache._tier.table and ck("x") in cache._store_keys.filter
         assert cache["x"] == 2 and len(calls) == 1
         push_out(cache, ["k", "x"])
         assert cache["k"] == 1 and cache["x"] == 2
@@ -200,7 +200,7 @@ def test_keys_changed_while_their_flush_is_in_flight(tmp_path, monkeypatch):
         assert not flusher.is_alive()
         assert cache.get("a") is None and cache["b"] == 2 and cache["c"] == 3
         cache.flush()
-        assert ck("b") in cache._filter
+        assert ck("b") in cache._store_keys.filter
         push_out(cache, ["a", "b", "c"])
         assert cache.get("a") is None and cache["b"] == 2 and cache["c"] == 3
         assert "a" not in cache and len(cache) == 2 + sum(
@@ -219,7 +219,7 @@ def test_a_clear_during_a_flush_keeps_its_keys_out_of_the_new_filter(tmp_path, m
         assert cache.get("old1") is None
         cache.flush()  # the clear and "after"
         # only "after" went into the filter, not the keys committed before the clear
-        assert cache._filter.added == 1 and ck("after") in cache._filter
+        assert cache._store_keys.filter.added == 1 and ck("after") in cache._store_keys.filter
         push_out(cache, ["after"])
         calls = count_lookups(cache)
         assert cache.get("old1") is None and cache.get("old2") is None and calls == []
@@ -230,22 +230,22 @@ def test_filter_rebuild_in_progress_loses_no_key(tmp_path, small_filters):
     """An overfull filter starts a build (completed by the next cycle's scan);
     keys set, stored and dropped meanwhile are found before and after it."""
     with Cache(tmp_path / "c", page_size=4, max_pages=2, **NEVER) as cache:
-        first = cache._filter.capacity
+        first = cache._store_keys.filter.capacity
         n = 0
-        while cache._filter_building is None:
+        while cache._store_keys.building is None:
             for _ in range(40):
                 cache[f"k{n}"] = n
                 n += 1
             cache.flush()
             assert n < 5000
-        old = cache._filter
+        old = cache._store_keys.filter
         assert old.ready and old.overfull  # still in use while the build waits
         for i in range(n, n + 100):  # memory only, then stored (and dropped)
             cache[f"k{i}"] = i
         assert all(cache[f"k{i}"] == i for i in range(n + 100))
         cache.flush()  # this cycle's scan completes the build first
-        assert cache._filter is not old and cache._filter.ready
-        assert cache._filter.capacity > first and cache._filter_building is None
+        assert cache._store_keys.filter is not old and cache._store_keys.filter.ready
+        assert cache._store_keys.filter.capacity > first and cache._store_keys.building is None
         push_out(cache, [f"k{i}" for i in range(n + 100)])
         calls = count_lookups(cache)
         assert all(cache[f"k{i}"] == i for i in range(n + 100))
@@ -262,18 +262,18 @@ def test_a_flush_that_outgrows_the_filter_adds_every_slice(tmp_path, small_filte
     import durablekv.writeback as cache_mod
     monkeypatch.setattr(cache_mod, "_FILTER_SLICE", 64)
     with Cache(tmp_path / "c", page_size=4, max_pages=2, **NEVER) as cache:
-        old = cache._filter
+        old = cache._store_keys.filter
         for i in range(1000):
             cache[f"k{i}"] = i
         cache.flush()  # 1000 new keys: 16 slices; overfull after the 9th
-        assert cache._filter is old and old.added == 1000 and old.overfull
-        assert cache._filter_building is not None  # the scan comes with the next cycle
+        assert cache._store_keys.filter is old and old.added == 1000 and old.overfull
+        assert cache._store_keys.building is not None  # the scan comes with the next cycle
         assert sum(f"k{i}" in cache._tier.table for i in range(1000)) <= 8
         assert all(ck(f"k{i}") in old for i in range(1000))
         assert all(cache[f"k{i}"] == i for i in range(1000))
         cache["trigger"] = 1
         cache.flush()
-        assert cache._filter is not old and cache._filter.ready
+        assert cache._store_keys.filter is not old and cache._store_keys.filter.ready
         push_out(cache, [f"k{i}" for i in range(1000)])
         calls = count_lookups(cache)
         assert all(cache[f"k{i}"] == i for i in range(1000))
@@ -290,19 +290,19 @@ def test_keys_stored_while_the_open_time_scan_waits_are_found(tmp_path, monkeypa
         for i in range(300):
             cache[f"old{i}"] = i
     with Cache(d, page_size=4, max_pages=2, **NEVER) as cache:
-        assert not cache._filter.ready and cache._filter_building is not None
-        monkeypatch.setattr(cache, "background_work", lambda: None)  # the scan waits
+        assert not cache._store_keys.filter.ready and cache._store_keys.building is not None
+        monkeypatch.setattr(cache, "_background_work", lambda: None)  # the scan waits
         for i in range(200):
             cache[f"new{i}"] = i
         cache.flush()
-        assert not cache._filter.ready
+        assert not cache._store_keys.filter.ready
         everything = [f"old{i}" for i in range(300)] + [f"new{i}" for i in range(200)]
         push_out(cache, everything)
         assert all(cache[k] == int(k[3:]) for k in everything)  # through SQLite
         monkeypatch.undo()
         cache["trigger"] = 1
         cache.flush()  # the scan runs before this cycle's commit
-        assert cache._filter.ready
+        assert cache._store_keys.filter.ready
         push_out(cache, everything)
         calls = count_lookups(cache)
         assert all(cache[k] == int(k[3:]) for k in everything)
@@ -319,10 +319,10 @@ def test_recovery_adds_nothing_at_open_and_the_flush_adds_every_key(tmp_path):
     crash(cache)
     with Cache(d, page_size=4, max_pages=1000, **NEVER) as cache:
         assert cache.stats().recovered_records == 1000
-        assert cache._filter.ready and cache._filter.added == 0  # open paid no adds
+        assert cache._store_keys.filter.ready and cache._store_keys.filter.added == 0  # open paid no adds
         cache.flush()
-        assert cache._filter.added == 1000
-        assert all(ck(f"k{i}") in cache._filter for i in range(1000))
+        assert cache._store_keys.filter.added == 1000
+        assert all(ck(f"k{i}") in cache._store_keys.filter for i in range(1000))
         push_out(cache, [f"k{i}" for i in range(1000)])
         assert all(cache[f"k{i}"] == i for i in range(1000))
 
@@ -345,18 +345,18 @@ def test_recovery_through_back_pressure_loses_no_key(tmp_path, monkeypatch, stor
     crash(cache)
     expected = {f"s{i}": (-i if i % 2 == 0 else i) for i in range(stored)}
     expected.update({f"n{i}": i for i in range(800)})
-    real_scan = Cache.background_work
+    real_scan = Cache._background_work
     gate = {"open": False}
-    monkeypatch.setattr(Cache, "background_work",
+    monkeypatch.setattr(Cache, "_background_work",
                         lambda self: real_scan(self) if gate["open"] else None)
     with Cache(d, max_pages=5, max_pending_pages=3, flush_interval=3600) as cache:
         assert cache.stats().flushes > 0  # back-pressure made the batcher write
-        assert cache._filter.ready == (stored == 0)
+        assert cache._store_keys.filter.ready == (stored == 0)
         assert all(cache[k] == v for k, v in expected.items())
         gate["open"] = True
         cache.flush()
         push_out(cache, list(expected))
-        assert cache._filter.ready
+        assert cache._store_keys.filter.ready
         calls = count_lookups(cache)
         assert all(cache[k] == v for k, v in expected.items())
         assert all(cache.get(f"absent{i}") is None for i in range(1000))
@@ -394,7 +394,7 @@ def test_recovery_that_flushes_at_open_fills_the_filter(tmp_path, how):
     with cache:
         assert cache.stats().recovered_records == n
         assert cache._store.checkpoint_lsn == n  # flushed before open returned
-        assert all(ck(f"k{i}") in cache._filter for i in range(n))
+        assert all(ck(f"k{i}") in cache._store_keys.filter for i in range(n))
         push_out(cache, [f"k{i}" for i in range(n)])
         assert all(cache[f"k{i}"] == i for i in range(n))
         assert all(cache.get(f"k{i}") is None for i in range(n, 300))
@@ -409,11 +409,11 @@ def test_deletes_and_expiry_changes_add_no_keys(tmp_path):
         cache["a"], cache["c"] = 1, 3
         cache.set("b", 2, expire=10)
         cache.flush()
-        assert cache._filter.added == 3
+        assert cache._store_keys.filter.added == 3
         del cache["a"]
         cache.set("c", 30, expire=100)  # expire_at changes: the index row is rewritten
         cache.flush()
-        assert cache._filter.added == 3
+        assert cache._store_keys.filter.added == 3
         push_out(cache, ["a", "b", "c"])
         assert cache.get("a") is None and cache["b"] == 2 and cache["c"] == 30
         clock.now += 50
@@ -443,17 +443,17 @@ def test_a_failed_flush_adds_nothing_and_its_retry_does(tmp_path, monkeypatch):
         cache["k"] = 1
         with pytest.raises(WriteBehindError):
             cache.flush()
-        assert cache._filter.added == 0 and cache["k"] == 1
+        assert cache._store_keys.filter.added == 0 and cache["k"] == 1
         # one page that cannot be stored: the others are committed (and added)
         state["fail"], state["poison"] = None, True
         cache["bad"], cache["good"] = 2, 3
         with pytest.raises(WriteBehindError):
             cache.flush()
-        assert ck("k") in cache._filter and ck("good") in cache._filter
-        assert cache._filter.added == 2 and cache["bad"] == 2
+        assert ck("k") in cache._store_keys.filter and ck("good") in cache._store_keys.filter
+        assert cache._store_keys.filter.added == 2 and cache["bad"] == 2
         state["poison"] = False
         cache.flush()
-        assert cache._filter.added == 3
+        assert cache._store_keys.filter.added == 3
         push_out(cache, ["k", "bad", "good"])
         assert cache["k"] == 1 and cache["bad"] == 2 and cache["good"] == 3
 
@@ -474,7 +474,7 @@ def test_every_page_leaving_memory_has_its_keys_in_the_filter(tmp_path, small_fi
         real_drop = tier._drop
 
         def drop(page):
-            f = cache._filter
+            f = cache._store_keys.filter
             if f.ready:
                 violations.extend(k for k in page.keys if k is not EMPTY and ck(k) not in f)
             real_drop(page)

@@ -281,7 +281,7 @@ def test_ctrl_c_while_close_waits_for_the_write_behind_still_releases_the_direct
         inside.set()
         gate.wait(30)
 
-    cache.background_work = held_cycle
+    cache._background_work = held_cycle
     cache._batcher.kick(urgent=True)
     assert inside.wait(10)
     old = signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -20,10 +20,10 @@ import pytest
 
 from durablekv import LogCorruptionError, codec
 from durablekv.counts import KeyCounts
-from durablekv.keyfilter import KeyFilter
 from durablekv.log import OP_CLEAR, OP_DELETE, OP_SET, ReplayLog
 from durablekv.log.recovery import LogReplay
 from durablekv.log.segments import MAGIC, encode_record, list_segments
+from durablekv.storekeys import StoreKeys
 from durablekv.stores.sqlite import SQLitePageStore
 from durablekv.tier import make_tier
 
@@ -237,14 +237,14 @@ class _Host:
     def __init__(self, tier) -> None:
         self.tier = tier
         self.counts = KeyCounts()
-        self.filter = KeyFilter(64)
-        self.filter.ready = True
+        self.store_keys = StoreKeys(0, empty=True)  # a new store: every key is new
         self.cleared_at: list[int] = []
         self.waits = 0
 
     def clear(self, lsn: int) -> None:
         self.tier.clear()
         self.counts.cleared()
+        self.store_keys.cleared(lsn)
         self.cleared_at.append(lsn)
 
     def backpressure(self) -> None:
@@ -264,11 +264,10 @@ def test_log_replay_into_a_tier_gives_what_one_at_a_time_replay_gives(tmp_path, 
     (tmp_path / "store").mkdir()
     store = SQLitePageStore(str(tmp_path / "store"), page_size=page_size)
     try:
-        replay = LogReplay(tier, store, SAFE, host.counts, directory=str(tmp_path / "r"),
-                           max_pending_pages=1 << 20, clear=host.clear,
-                           fault_in=None, whole=None, backpressure=host.backpressure,
-                           reserve_filter=lambda n: None, nothing_stored=lambda: False,
-                           key_filter=lambda: host.filter)
+        replay = LogReplay(tier, store, SAFE, host.counts, host.store_keys,
+                           directory=str(tmp_path / "r"), max_pending_pages=1 << 20,
+                           clear=host.clear, fault_in=None, whole=None,
+                           backpressure=host.backpressure)
         assert replay.apply(records) == 80  # the last LSN applied
     finally:
         store.close()
@@ -297,10 +296,9 @@ def test_a_record_that_does_not_decode_names_its_lsn_and_offset(tmp_path):
     log.close()
     tier = make_tier(4, 100, "lru")
     host = _Host(tier)
-    replay = LogReplay(tier, None, SAFE, host.counts, directory=str(directory),
-                       max_pending_pages=1 << 20, clear=host.clear, fault_in=None,
-                       whole=None, backpressure=host.backpressure,
-                       reserve_filter=lambda n: None, nothing_stored=lambda: True,
-                       key_filter=lambda: host.filter)
+    replay = LogReplay(tier, None, SAFE, host.counts, host.store_keys,
+                       directory=str(directory), max_pending_pages=1 << 20,
+                       clear=host.clear, fault_in=None, whole=None,
+                       backpressure=host.backpressure)
     with pytest.raises(LogCorruptionError, match="LSN 2"):
         replay.apply(records)

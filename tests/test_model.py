@@ -129,7 +129,7 @@ class CacheVsDict(RuleBasedStateMachine):
         tier, now = self.cache._tier, self.clock.now
         assert not [k for k, (p, s, _) in tier.table.items()
                     if p.expires[s] is not None and now >= p.expires[s]]
-        if not self.cache._clear_pending:
+        if not self.cache._store_keys.clear_pending:
             assert self.cache._store.expired_pages(now, tier.pages, 1) == []
         assert self.cache.expire() == 0
 

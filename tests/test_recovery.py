@@ -595,7 +595,7 @@ def test_recovered_keys_are_in_the_key_filter(tmp_path, small_filters):
         cache[f"k{i}"] = i
     crash(cache)
     with Cache(d, **NEVER) as cache:
-        f = cache._filter
+        f = cache._store_keys.filter
         assert f.ready and not f.overfull and f.capacity >= 3000
         calls = count_lookups(cache)
         assert all(cache.get(f"absent{i}") is None for i in range(1000))
@@ -605,16 +605,16 @@ def test_recovered_keys_are_in_the_key_filter(tmp_path, small_filters):
         crash(cache)  # these 100 and the 3,000 are still only in the log ...
     with Cache(d, **NEVER) as cache:
         cache.flush()  # ... now in the store, which the next recovery finds
-        assert cache._filter.ready
+        assert cache._store_keys.filter.ready
         for i in range(200):
             cache[f"late{i}"] = i
             cache[f"k{i}"] = -i
         crash(cache)
     with Cache(d, **NEVER) as cache:
-        assert not cache._filter.ready  # a store with keys: a background scan
+        assert not cache._store_keys.filter.ready  # a store with keys: a background scan
         assert cache["late7"] == 7 and cache["k3"] == -3 and cache["k3050"] == 3050
         cache.flush()  # a batcher cycle: the scan runs first
-        assert cache._filter.ready
+        assert cache._store_keys.filter.ready
         calls = count_lookups(cache)
         assert all(cache.get(f"late{i}") == i for i in range(200))
         assert all(cache.get(f"absent{i}") is None for i in range(1000))
@@ -635,11 +635,11 @@ def test_many_keys_recovered_into_a_store_with_few(tmp_path, small_filters):
         cache[f"new{i}"] = i
     crash(cache)
     with Cache(d, **NEVER) as cache:
-        assert cache._filter_building is not None
-        assert cache._filter_building.capacity >= 5000
-        assert not cache._filter_building.overfull
+        assert cache._store_keys.building is not None
+        assert cache._store_keys.building.capacity >= 5000
+        assert not cache._store_keys.building.overfull
         cache.flush()
-        assert cache._filter.ready and not cache._filter.overfull
+        assert cache._store_keys.filter.ready and not cache._store_keys.filter.overfull
         calls = count_lookups(cache)
         assert all(cache.get(f"absent{i}") is None for i in range(1000))
         assert len(calls) < 50

@@ -67,6 +67,9 @@ class LogReplay:
         ``read_pages(ids) -> {id: (n, blob)}``.
     :param codec: the value codec (memory forms of logged values).
     :param counts: the cache's :class:`~durablekv.counts.KeyCounts`.
+    :param store_keys: the cache's :class:`~durablekv.storekeys.StoreKeys`:
+        which keys the store may hold (a pending clear, the key filter),
+        and room in the filter for the keys recovery adds.
     :param directory: the cache directory (named in a damage error).
     :param max_pending_pages: the pending-page bound: ``backpressure`` is
         called when the tier reaches it.
@@ -77,32 +80,24 @@ class LogReplay:
         memory in part (entry residency) before it changes.
     :param backpressure: ``backpressure()``: wait (the lock released) until
         the write-behind has stored pending pages.
-    :param reserve_filter: ``reserve_filter(n)``: make room in the key
-        filter for ``n`` new keys.
-    :param nothing_stored: ``nothing_stored() -> bool``: the store holds no
-        key that memory lacks (a new or cleared store).
-    :param key_filter: ``key_filter() -> KeyFilter``: the current key
-        filter; when ``ready``, a key not in it is not in the store.
     """
 
-    def __init__(self, tier: Any, store: Any, codec: Any, counts: Any, *, directory: str,
+    def __init__(self, tier: Any, store: Any, codec: Any, counts: Any, store_keys: Any, *,
+                 directory: str,
                  max_pending_pages: int, clear: Callable[[int], None],
                  fault_in: Callable[..., Any], whole: Callable[[Any], None],
-                 backpressure: Callable[[], None], reserve_filter: Callable[[int], None],
-                 nothing_stored: Callable[[], bool], key_filter: Callable[[], Any]) -> None:
+                 backpressure: Callable[[], None]) -> None:
         self.tier = tier
         self.store = store
         self.codec = codec
         self.counts = counts
+        self.store_keys = store_keys
         self.directory = directory
         self.max_pending_pages = max_pending_pages
         self.clear = clear
         self.fault_in = fault_in
         self.whole = whole
         self.backpressure = backpressure
-        self.reserve_filter = reserve_filter
-        self.nothing_stored = nothing_stored
-        self.key_filter = key_filter
 
     def apply(self, records: Sequence[tuple]) -> int:
         """Apply recovered log records in bulk (at open, before any other call).
@@ -202,8 +197,8 @@ class LogReplay:
             keys, others = recs.decode_keys(_codec.decode_key)
             kbs = None  # made below only where a step needs them
         # Which keys may be in the store now (memory holds nothing yet).
-        f = self.key_filter()
-        nowhere = self.nothing_stored() or (f.ready and f.added == 0)
+        f = self.store_keys.filter
+        nowhere = self.store_keys.nothing_stored()
         if kbs is None and (others or not nowhere):
             kbs = recs.column("key")
         cks = kbs  # a str or bytes key's encoding is its canonical key
@@ -358,7 +353,7 @@ class LogReplay:
                 held = codec.memory_forms_from_blobs(recs.column("value"))
             expires = recs.column("expire_at")
             nbytes = recs.column("nbytes")
-        self.reserve_filter(len(keys))
+        self.store_keys.reserve(len(keys), self.counts.keys)
         pos = 0
         while pos < len(keys):
             room = self.max_pending_pages - tier.pending
