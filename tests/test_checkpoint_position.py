@@ -155,7 +155,7 @@ def _bad_positions(d: Path) -> dict[str, tuple[bytes, str]]:
 def test_a_position_that_does_not_check_out_costs_a_full_parse(copy, case, caplog):
     data, reason = _bad_positions(copy)[case]
     (copy / POSITION_FILE).write_bytes(data)
-    with caplog.at_level(logging.INFO, logger="durablekv.log.replaylog"):
+    with caplog.at_level(logging.INFO, logger="durablekv.replaylog"):
         _reopens_whole(copy, parsed=N + K)
     said = [r.getMessage() for r in caplog.records if POSITION_FILE in r.getMessage()]
     assert any(reason in m for m in said), said
@@ -174,7 +174,7 @@ def test_a_position_that_is_not_a_regular_file_costs_a_full_parse(copy, how, cap
         target = copy.parent / "elsewhere.pos"
         target.write_bytes(good)  # even a good position is not followed
         path.symlink_to(target)
-    with caplog.at_level(logging.INFO, logger="durablekv.log.replaylog"):
+    with caplog.at_level(logging.INFO, logger="durablekv.replaylog"):
         parsed, c = run_with_timeout(lambda: _reopen(copy), 30.0)
     try:
         assert parsed == N + K

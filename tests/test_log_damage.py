@@ -145,7 +145,7 @@ def test_a_torn_record_and_the_unused_end_after_it_are_reported_apart(tmp_path, 
                                        f"mismatch in record LSN {lsn}"), torn
     assert (f"a torn record of {record} bytes, then {unused} bytes of unused preallocated "
             "space (zero-filled)") in torn, torn
-    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
         with Cache(d) as cache:
             assert dict(cache.items()) == {"a": "A" * 10, "b": "B" * 10}
             assert cache.stats().torn_records == 1 and cache.stats().salvaged_bytes == 0
@@ -198,7 +198,7 @@ def test_a_zero_filled_tail_not_from_a_mapped_segment_stays_one_torn_tail(tmp_pa
     torn = data[:offsets[2] + 20] + bytes(len(data) - offsets[2] - 20 + 5000)
     assert len(torn) % 4096
     Path(seg).write_bytes(torn)
-    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
         assert contents(tmp_path / "c") == {"a": "A" * 10, "b": "B" * 10}
     assert (f"cut a torn tail of {len(torn) - offsets[2]} bytes at offset {offsets[2]} "
             "(CRC mismatch in record LSN 3)") in caplog.text
@@ -305,7 +305,7 @@ def test_a_last_segment_of_nothing_but_garbage_is_a_torn_tail(tmp_path, caplog):
     last = segs[-1]
     Path(last).write_bytes(bytes((i * 37 + 11) % 251 for i in range(800)))
     simulate_restart(d)  # (on the same boot, a segment of garbage is damage)
-    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
         with Cache(d, **NEVER) as cache:
             assert cache.stats().torn_records == 1
             assert dict(cache.items()) == {f"k{i}": i for i in range(60)}
@@ -751,7 +751,7 @@ def test_a_damaged_header_of_a_later_segment_loses_nothing(tmp_path, caplog, cap
     assert rc == 0, out
     assert any(f"it holds no record: LSN {first} follows {first - 1}" in line
                for line in out), out
-    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
         with Cache(d, **NEVER) as cache:
             assert dict(cache.items()) == {f"k{i}": i for i in range(300)}
             assert cache.stats().salvaged_bytes == 0
@@ -771,7 +771,7 @@ def test_garbage_between_two_intact_records_hides_no_record(tmp_path, caplog):
         at = offsets[len(offsets) // 2][0]
         data = Path(seg).read_bytes()
         Path(seg).write_bytes(data[:at] + bytes(range(7, 107)) + data[at:])
-    with caplog.at_level(logging.WARNING, logger="durablekv.log.replaylog"):
+    with caplog.at_level(logging.WARNING, logger="durablekv.replaylog"):
         assert contents(d) == {f"k{i}": i for i in range(300)}
     assert caplog.text.count("it holds no record") == 2
 

@@ -137,7 +137,7 @@ def test_a_copy_on_write_file_system_is_refused_and_says_why(tmp_path, caplog):
     # the mapped path says so when it starts a segment
     d = tmp_path / "m"
     d.mkdir()
-    with caplog.at_level("INFO", logger="durablekv.log.replaylog"):
+    with caplog.at_level("INFO", logger="durablekv.replaylog"):
         log = ReplayLog(str(d), fstype="tmpfs")
         log.start(1)
         log.close()
@@ -238,7 +238,7 @@ def test_sigkill_after_a_write_leaves_an_unused_end_that_is_no_damage(tmp_path, 
         assert size % 4096 == 0 and Path(seg).read_bytes()[-4096:] == bytes(4096)
         report = check_directory(str(d))
         assert report.ok and not [line for line in report.lines if "torn" in line], report.lines
-        with caplog.at_level("INFO", logger="durablekv.log.replaylog"):
+        with caplog.at_level("INFO", logger="durablekv.replaylog"):
             with Cache(d, page_size=16) as cache:
                 assert cache.stats().torn_records == 0 and cache.stats().salvaged_bytes == 0
                 assert {k: cache[k] for k in (f"k{i}" for i in range(500))} == \

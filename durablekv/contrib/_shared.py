@@ -139,7 +139,7 @@ def _recheck(record: logging.LogRecord, named: list["Location"]) -> None:
     logging.getLogger(record.name).handle(record)
 
 
-_LOGGERS = ("durablekv", "durablekv.batcher", "durablekv.log.replaylog", "durablekv.store",
+_LOGGERS = ("durablekv", "durablekv.batcher", "durablekv.replaylog", "durablekv.store",
             "durablekv.lifecycle")
 _filter = _DeletedLocationFilter()
 for _name in _LOGGERS:

@@ -82,7 +82,7 @@ from .segments import (MAGIC, POSITION_FILE, PREALLOC_ALIGN, _HEADER_PACK, _LEN_
 
 __all__ = ["ReplayLog", "RecoveryResult", "MAPPED_FS_TYPES", "mapped_append_refusal"]
 
-log = logging.getLogger("durablekv.log.replaylog")
+log = logging.getLogger("durablekv.replaylog")  # (the name it has always had)
 
 #: Bytes a mapped segment is preallocated by at a time (``posix_fallocate``).
 PREALLOC_BYTES = 1 << 20
