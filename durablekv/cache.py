@@ -348,9 +348,10 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
         self._lock = threading.Lock()   # guards the tier, counters, LSN, log appends
         self._cond = threading.Condition(self._lock)  # back-pressure waits
         self._tier = make_tier(store.page_size, max_pages, self.policy,
-                               max_bytes=self.max_memory_bytes)
-        self._tier.track_departures = self.size_limit is not None
-        self._tier.fill_open = self._whole
+                               max_bytes=self.max_memory_bytes,
+                               next_page_id=store.max_page_id + 1,
+                               track_departures=self.size_limit is not None,
+                               fill_open=self._whole)
         self._store_evictions = 0
         self._store_stuck: tuple[int, int] | None = None  # see WriteBack._store_evicted
         # what get's memory hit and set's overwrite touch, for the Python
@@ -359,7 +360,6 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
                               resident=RESIDENT, slotted=SLOTTED, log_write=ReplayLog._write,
                               max_key_bytes=MAX_KEY_BYTES, monotonic=_REAL_MONOTONIC[0],
                               get=Cache.get, set=Cache.set)
-        self._tier.next_page_id = store.max_page_id + 1
         self._counts = KeyCounts(store.key_count, store.ttl_key_count)
         self._last_lsn = store.checkpoint_lsn
         # which keys the store may hold: a pending clear, the Bloom filter of

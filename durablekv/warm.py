@@ -222,8 +222,7 @@ class WarmRestart:
         # Preloaded pages are stamped between the ticks drawn so far
         # (recovery's) and every later one (users'): see _warm_pages.
         tier = self._tier
-        self._warm_base = next(tier.ticks)
-        tier.locked_ticks += 1
+        self._warm_base = tier.draw_tick()
         self._warm_thread = threading.Thread(target=self._warm_run,
                                              name=f"durablekv-warm[{self.name}]", daemon=True)
         start_thread(self._warm_thread)

@@ -267,7 +267,7 @@ class WriteBack:
             # after the checkpoint, so recovery brings back no older value.
             # (A page faulted in, or changed, while the commit runs stays in
             # memory: flush_done has it written again.)
-            left, tier.departed = tier.departed, []
+            left = tier.take_departed()
             # (a midpoint page in memory in part too: the store holds the rest)
             keep = frozenset([pid for pid, p in tier.pages.items() if p.state != PENDING])
             return _Snapshot(self, items, self._last_lsn, keys.clear_pending, keys.clear_lsn,
@@ -334,9 +334,7 @@ class WriteBack:
             if page is None:
                 self._counts.removed(n, ttl_n)
                 continue
-            page.stored_n = page.stored_ttl_n = 0
-            page.stored_keys_version = page.keys_version - 1
-            tier.mark_dirty(page, _REAL_MONOTONIC[0](), self._last_lsn + 1)
+            tier.store_lost(page, _REAL_MONOTONIC[0](), self._last_lsn + 1)
         limit = self.size_limit
         self._store_stuck = seen if store.data_bytes > limit else None
 
@@ -344,7 +342,7 @@ class WriteBack:
         with self._lock:
             if snap.left:
                 # their last use is recorded by a later flush instead
-                self._tier.departed[:0] = snap.left
+                self._tier.give_back_departed(snap.left)
                 snap.left = []
             for i in (range(len(snap.items)) if indices is None else indices):
                 self._tier.flush_failed(snap.items[i][0])

@@ -240,6 +240,34 @@ class MemoryTier:
 
     # -- residency -------------------------------------------------------------
 
+    def draw_tick(self) -> int:
+        """Draw a tick of the recency clock under the cache lock (counted in
+        ``locked_ticks``, so that it is not taken for a lock-free hit)."""
+        self.locked_ticks += 1
+        return next(self.ticks)
+
+    def take_departed(self) -> list[int]:
+        """The ids of clean pages that left memory since the last call (with
+        ``track_departures``), for the store's LRU order; the list starts over."""
+        left, self.departed = self.departed, []
+        return left
+
+    def give_back_departed(self, left: list[int]) -> None:
+        """``left`` (from :meth:`take_departed`) was not recorded (a failed
+        flush): a later one records it, before those that left since."""
+        self.departed[:0] = left
+
+    def store_lost(self, page: Page, now: float, lsn: int) -> None:
+        """The store evicted ``page`` (``size_limit``) while it is in memory:
+        it is written again, as a page never stored, by the next flush.
+
+        :param now: monotonic seconds (its ``dirty_since`` if it was clean).
+        :param lsn: the LSN its change counts from (the next one).
+        """
+        page.stored_n = page.stored_ttl_n = 0
+        page.stored_keys_version = page.keys_version - 1
+        self.mark_dirty(page, now, lsn)
+
     def next_tick(self) -> int:
         """The tick the recency clock gives next, without drawing it (the
         clock is an ``itertools.count``, whose repr is ``count(N)``)."""
