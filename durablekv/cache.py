@@ -710,11 +710,14 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
                         expire_at = None
                     else:
                         lsn_to_sync = None
-                elif ck is not None and self._store_keys.surely_absent(key, ck):
+                elif ck is not None and ((sk := self._store_keys).absent is key or
+                                         sk.clear_pending or
+                                         (sk.filter.ready and ck not in sk.filter)):
                     # A new key that SQLite cannot hold either (the look-aside
                     # miss, a pending clear, or the key filter says so: the
                     # questions _locate asks, with the key already encoded):
-                    # insert it without asking _ref again.
+                    # insert it without asking _ref again. (StoreKeys's
+                    # surely_absent, read inline: no call per new key.)
                     if vb is None:
                         vb = b"b" + _U32_PACK(len(value)) + value
                     lsn_to_sync = self._logged_set(key, kb, vb, held, None, None, nbytes)
