@@ -32,6 +32,10 @@ from .config import DEFAULT_MAX_VALUE_BYTES as MAX_VALUE_BYTES
 from .errors import ConfigError, DurableKVError, TraceFormatError
 from .lifecycle import remove_tree
 from .policies import POLICIES, is_exact_lru, residency
+from .cliargs import (add_byte_limit_arguments, float_between as _float_between,
+                      non_negative_float as _non_negative_float, port as _port,
+                      positive_float as _positive_float, positive_int as _positive_int)
+from .stores.sqlitefile import stored_meta as _stored_meta, stored_serializer as _stored_serializer
 from .traces import FORMATS, open_trace, zipf_workload
 
 __all__ = ["main", "replay"]
@@ -309,97 +313,6 @@ def _print_report(r: dict[str, Any], out=None) -> None:
         f"set latency        p50 {r['set_latency_p50_us']:.1f} us, p99 {r['set_latency_p99_us']:.1f} us",
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)  # stdout at call time
-
-
-_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-               "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
-               "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-
-
-def _byte_size(text: str) -> int:
-    """An argparse type: a positive number of bytes, with an optional binary
-    unit (``64MiB``, ``64M`` and ``64MB`` all mean 64 x 2**20)."""
-    t = text.strip().lower().replace("_", "")
-    num = t.rstrip("bkmgti")
-    unit = t[len(num):]
-    try:
-        value = float(num) * _BYTE_UNITS[unit]
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size in bytes; use a number with an optional unit, e.g. "
-            "1048576, 64MiB or 1G") from None
-    if not 1 <= value < 1 << 62 or value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number of bytes >= 1")
-    return int(value)
-
-
-
-def add_byte_limit_arguments(p: "argparse._ActionsContainer") -> None:
-    """``--max-memory-bytes`` and ``--size-limit`` (``replay`` and ``serve``):
-    sizes as :func:`_byte_size` reads them, into ``max_memory_bytes`` and
-    ``size_limit`` (None when not given)."""
-    p.add_argument("--max-memory-bytes", type=_byte_size, default=None, metavar="BYTES",
-                   help="bound the memory tier in bytes of entries too (e.g. 64MiB, 1G, "
-                   "1048576; default: pages only)")
-    p.add_argument("--size-limit", type=_byte_size, default=None, metavar="BYTES",
-                   help="bound the store in bytes of pages: least recently used pages are "
-                   "evicted from it (e.g. 1GiB; default: no bound)")
-
-def _int_at_least(minimum: int):
-    """An argparse type: a whole number >= ``minimum``."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {v}")
-        return v
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_nonneg_int = _int_at_least(0)
-
-
-def _port(text: str) -> int:
-    v = _nonneg_int(text)
-    if v > 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {v}")
-    return v
-
-
-def _float_between(lo: float, hi: float):
-    """An argparse type: a number in [lo, hi]."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"expected a number from {lo:g} to {hi:g}, got {v:g}")
-        return v
-    return parse
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return v
 
 
 class _SubcommandParser(argparse.ArgumentParser):
@@ -695,36 +608,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     for line in result.lines:
         print(line)
     return 0 if result.ok else 1 if result.damaged else 2
-
-
-def _stored_serializer(directory: str) -> str | None:
-    """The serializer a store was created with (its meta table), read
-    without opening the cache; None when there is no store to read it from.
-    A store that cannot be read is left for the open to report."""
-    from .stores.sqlitefile import STORE_FILE
-    if not os.path.isfile(os.path.join(directory, STORE_FILE)):
-        return None
-    value = _stored_meta(directory, "serializer")
-    return "safe" if value is None else str(value)
-
-
-def _stored_meta(directory: str, name: str) -> Any:
-    """A setting from a store's meta table, read without opening the cache;
-    None when there is no store, no such row, or the store cannot be read."""
-    from .stores.sqlitefile import STORE_FILE, read_only_uri
-    path = os.path.join(directory, STORE_FILE)
-    if not os.path.isfile(path):
-        return None
-    import sqlite3
-    try:
-        conn = sqlite3.connect(read_only_uri(path), uri=True)
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError:
-        return None
-    return row[0] if row else None
 
 
 def _mark_store_damage(directory: str) -> None:

@@ -26,8 +26,8 @@ DEFAULT_PORT = 8470
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
-    from ..cli import (_non_negative_float, _port, _positive_float,  # the CLI's own checks
-                       add_byte_limit_arguments)
+    from ..cliargs import (add_byte_limit_arguments, non_negative_float as _non_negative_float,
+                           port as _port, positive_float as _positive_float)
     p.add_argument("dir", metavar="DIR", type=os.path.expanduser,  # ~ as for Cache
                    help="the cache directory (created 0700 if missing)")
     p.add_argument("--host", default="127.0.0.1",
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                           "pip install 'durablekv[server]'") from exc
     from ..cache import Cache
 
-    from ..cli import _stored_serializer
+    from ..stores.sqlitefile import stored_serializer as _stored_serializer
     if os.path.isdir(args.dir) and _stored_serializer(args.dir) == "pickle":
         raise ConfigError(f"{args.dir!r} holds a cache written with serializer='pickle'; the "
                           "server never unpickles (a value from the wire could run code), so "

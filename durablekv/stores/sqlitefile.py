@@ -26,7 +26,7 @@ from .base import ordered_migrations
 log = logging.getLogger("durablekv.store")
 
 __all__ = ["STORE_FILE", "DAMAGE_MARKER", "check_store_files", "mark_damaged", "migration_files",
-           "read_only_uri", "move_aside"]
+           "read_only_uri", "move_aside", "stored_meta", "stored_serializer"]
 
 
 STORE_FILE = "pages.sqlite3"
@@ -245,3 +245,30 @@ def move_aside(path: str) -> str:
     if os.path.exists(path + ".damaged"):
         os.replace(path + ".damaged", aside + ".damaged")
     return aside
+
+
+def stored_serializer(directory: str) -> str | None:
+    """The serializer a store was created with (its meta table), read
+    without opening the cache; None when there is no store to read it from.
+    A store that cannot be read is left for the open to report."""
+    if not os.path.isfile(os.path.join(directory, STORE_FILE)):
+        return None
+    value = stored_meta(directory, "serializer")
+    return "safe" if value is None else str(value)
+
+
+def stored_meta(directory: str, name: str) -> Any:
+    """A setting from a store's meta table, read without opening the cache;
+    None when there is no store, no such row, or the store cannot be read."""
+    path = os.path.join(directory, STORE_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return None
+    return row[0] if row else None
