@@ -81,12 +81,13 @@ def _memoize_key_message(prefix: str, args: tuple, kwargs: dict, exc: TypeError,
 class _Flight:
     """One in-progress memoized call that other callers wait for."""
 
-    __slots__ = ("_event", "_value", "_exc")
+    __slots__ = ("_event", "_value", "_exc", "waiters")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self._value: Any = None
         self._exc: BaseException | None = None
+        self.waiters = 0  # callers waiting for it (changed under the flights lock)
 
     def succeed(self, value: Any) -> None:
         self._value = value
@@ -127,7 +128,9 @@ def memoize(cache: Any, expire: float | None = None, *, name: str | None = None,
     use; diskcache's ``__cache_key__``) and ``cache_clear()`` (remove
     every cached result of this function; returns how many; cachetools'
     and ``functools.lru_cache``'s name). ``cache_clear()`` walks the keys
-    of the whole cache once.
+    of the whole cache once. ``waiting(*args, **kwargs)`` tells how many
+    callers wait for the call in flight with those arguments (0: none in
+    flight).
 
     :param expire: TTL of cached results in seconds (None: never).
     :param name: key prefix; default the function's module and qualified name.
@@ -207,6 +210,8 @@ def memoize(cache: Any, expire: float | None = None, *, name: str | None = None,
                 leader = flight is None
                 if leader:
                     flight = inflight[ck] = _Flight()
+                else:
+                    flight.waiters += 1
             if not leader:
                 return flight.wait()
             try:
@@ -236,7 +241,15 @@ def memoize(cache: Any, expire: float | None = None, *, name: str | None = None,
                     removed += 1
             return removed
 
+        def waiting(*args: Any, **kwargs: Any) -> int:
+            """How many callers are waiting for the call in flight with these
+            arguments (0: none is in flight): what single flight saved."""
+            with flights:
+                flight = inflight.get(key_of(args, kwargs))
+                return 0 if flight is None else flight.waiters
+
         wrapper.cache_key = lambda *a, **kw: key_of(a, kw)  # type: ignore[attr-defined]
+        wrapper.waiting = waiting  # type: ignore[attr-defined]
         wrapper.cache_clear = cache_clear  # type: ignore[attr-defined]
         return wrapper
 

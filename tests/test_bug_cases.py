@@ -367,6 +367,15 @@ def test_br009_len_matches_iteration_with_live_entries(tmp_path):
 # -- BR-010 ------------------------------------------------------------------------
 
 
+def _wait_until(condition, timeout: float = 10.0) -> None:
+    """Return once ``condition()`` holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        tick.wait(0.001)
+
+
 def test_br010_memoize_single_flight(tmp_path):
     with opened(tmp_path / "c") as c:
         calls = []
@@ -378,10 +387,9 @@ def test_br010_memoize_single_flight(tmp_path):
         @c.memoize()
         def slow(x):
             calls.append(x)
-            # hold the flight open until all callers are past the barrier,
-            # then the case's 0.3 s of work
+            # hold the flight open until every other caller waits for it
             everyone.wait(10)
-            time.sleep(0.3)
+            _wait_until(lambda: slow.waiting(x) == n - 1)
             return {"x": x}
 
         barrier = threading.Barrier(n)
@@ -414,7 +422,7 @@ def test_br010_memoize_single_flight(tmp_path):
             attempts.append(x)
             if len(attempts) == 1:
                 release.wait(10)
-                time.sleep(0.3)
+                _wait_until(lambda: flaky.waiting(x) == n - 1)
                 raise ValueError("first call fails")
             return "second"
 
