@@ -302,3 +302,32 @@ def test_a_record_that_does_not_decode_names_its_lsn_and_offset(tmp_path):
                        backpressure=host.backpressure)
     with pytest.raises(LogCorruptionError, match="LSN 2"):
         replay.apply(records)
+
+
+def test_a_deleted_newest_segment_is_found_missing_through_the_control_file(tmp_path):
+    """The control file names the newest segment a writer opened; a log
+    whose last segment is gone is not mistaken for a shorter whole one."""
+    _write(tmp_path / "w", _ops(40), segment_bytes=300)
+    img = _crash_image(tmp_path / "w", tmp_path / "lost")
+    segs = list_segments(str(img))
+    os.remove(segs[-1])
+    with pytest.raises(LogCorruptionError, match="replay.control|missing|deleted"):
+        _recover(img)
+    result = _recover(img, salvage=True)
+    assert result.lost  # what salvage could not recover, in words
+    lsns = [r[0] for r in result.records]
+    assert lsns == list(range(1, len(lsns) + 1))
+
+
+def test_a_damaged_segment_header_before_intact_records_is_stepped_over(tmp_path, caplog):
+    """The bytes hide no record: the next intact one follows the record
+    before the damage with no LSN in between. Recovery says so and goes on."""
+    _write(tmp_path / "w", _ops(40), segment_bytes=300)
+    img = _crash_image(tmp_path / "w", tmp_path / "magic")
+    segs = list_segments(str(img))
+    with open(segs[1], "r+b") as f:
+        f.write(b"NOTALOG!")  # the 8-byte magic
+    with caplog.at_level("WARNING", logger="durablekv.replaylog"):
+        result = _recover(img)
+    assert [r[0] for r in result.records] == list(range(1, 41))
+    assert "bad magic" in caplog.text and os.path.basename(segs[1]) in caplog.text
