@@ -716,8 +716,8 @@ class Cache(PageFaults, Expiry, WriteBack, Scans, AtomicOps, WritePath, NoWait,
                     # A new key that SQLite cannot hold either (the look-aside
                     # miss, a pending clear, or the key filter says so: the
                     # questions _locate asks, with the key already encoded):
-                    # insert it without asking _ref again. (StoreKeys's
-                    # surely_absent, read inline: no call per new key.)
+                    # insert it without asking _ref again. (Read inline from
+                    # StoreKeys: no call per new key.)
                     if vb is None:
                         vb = b"b" + _U32_PACK(len(value)) + value
                     lsn_to_sync = self._logged_set(key, kb, vb, held, None, None, nbytes)

@@ -22,13 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .config import _MISSING
 from .keyfilter import KeyFilter
 
 __all__ = ["StoreKeys"]
-
-#: ``absent`` when no key is known absent (no key object is this one).
-_NONE = object()
-
 
 class StoreKeys:
     """What the store may hold (see the module docstring).
@@ -36,7 +33,7 @@ class StoreKeys:
     :param key_count: keys in the store at open.
     :param empty: the store has never held a page (a new store): the
         filter is complete at once; otherwise it is built by a scan
-        (:meth:`build_target`, :meth:`finish_build`) and not ``ready`` until
+        into ``building`` (:meth:`finish_build`) and not ``ready`` until
         then.
 
     :ivar filter: the current :class:`KeyFilter`; when ``filter.ready``, a
@@ -52,7 +49,7 @@ class StoreKeys:
     def __init__(self, key_count: int, empty: bool) -> None:
         self.filter = KeyFilter(2 * key_count)
         self.building: KeyFilter | None = None
-        self.absent: Any = _NONE
+        self.absent: Any = _MISSING  # (no key object is _MISSING)
         self.clear_pending = False
         self.clear_lsn = 0
         if empty:
@@ -61,14 +58,6 @@ class StoreKeys:
             self.building = self.filter
 
     # -- questions -------------------------------------------------------------
-
-    def surely_absent(self, key: Any, ck: bytes) -> bool:
-        """Whether ``key`` (canonical bytes ``ck``) cannot be in the store: it
-        was just found absent, a clear is pending, or the filter says so."""
-        if self.absent is key or self.clear_pending:
-            return True
-        f = self.filter
-        return f.ready and ck not in f
 
     def excluded(self, ck: bytes) -> bool:
         """The filter alone says ``ck`` is not in the store."""
@@ -91,7 +80,7 @@ class StoreKeys:
     def key_added(self) -> None:
         """A new key entered memory: no key is known absent any more (it
         enters the filter once a flush stores it: :meth:`committed`)."""
-        self.absent = _NONE
+        self.absent = _MISSING
 
     def cleared(self, lsn: int) -> None:
         """``clear()`` at ``lsn``: the store is about to be emptied, so an
@@ -143,10 +132,6 @@ class StoreKeys:
             self.filter.ready = True
             return
         self.building = KeyFilter(2 * (max(target.added, live_keys) + n))
-
-    def build_target(self) -> KeyFilter | None:
-        """The filter a scan of the store's keys should fill, or None."""
-        return self.building
 
     def finish_build(self, target: KeyFilter, scanned: KeyFilter) -> None:
         """The scan for ``target`` read the store's keys into ``scanned`` (a

@@ -228,7 +228,7 @@ class WriteBack:
                             _SWEEP_RETRY, exc)
         self._residency_tick()  # the warm restart's list, at most every RESIDENCY_INTERVAL
         with self._lock:
-            target = self._store_keys.build_target()
+            target = self._store_keys.building
         if target is None:
             return
         scanned = KeyFilter(target.capacity)

@@ -411,6 +411,7 @@ def test_br010_memoize_single_flight(tmp_path):
         assert calls == [1]
         assert results == [{"x": 1}] * n
         assert slow(1) == {"x": 1} and calls == [1]
+        assert slow.waiting(1) == 0  # nothing in flight now
 
         # 3: the first call raises: every waiter gets that error, nothing cached
         attempts = []

@@ -90,3 +90,19 @@ def test_every_bound_name_exists_on_its_object(tmp_path, policy):
             for obj in objects[kind]:
                 missing = sorted(n for n in names if not hasattr(obj, n))
                 assert not missing, f"{kind} {obj!r} lacks {missing}, which _native.c binds"
+
+
+@pytest.mark.parametrize("policy", ["lru", "midpoint"])
+def test_the_fast_path_holds_the_tiers_own_fields_through_a_clear(tmp_path, policy):
+    """FastPath keeps the tier's table, clock and dirty map, fixed for the
+    cache's open life: a clear empties them in place, never replaces them
+    (the C twins read them once, at open)."""
+    with Cache(tmp_path / "c", policy=policy, page_size=4) as cache:
+        for i in range(10):
+            cache.set(f"k{i}", b"v")
+        cache.clear()
+        cache.set("after", b"w")
+        fast, tier = cache._fast, cache._tier
+        assert fast.tier is tier and fast.table is tier.table
+        assert fast.ticks is tier.ticks and fast.dirty is tier.dirty and fast.log is cache._log
+        assert cache.get("after") == b"w" and cache.get("k1") is None

@@ -105,3 +105,20 @@ def test_a_postgresql_url_opens_its_namespace_with_the_log_in_the_directory(tmp_
     _close(store, log)
     with pytest.raises(ConfigError, match="belongs to namespace 'factory'"):
         open_store(str(other), pg.url(), namespace="another")
+
+
+def test_a_log_that_cannot_be_opened_leaves_no_store_open(tmp_path, monkeypatch):
+    import durablekv.stores.factory as factory
+
+    closed = []
+    real_close = SQLitePageStore.close
+    monkeypatch.setattr(SQLitePageStore, "close",
+                        lambda self: (closed.append(self), real_close(self))[1])
+
+    def refused(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(factory, "ReplayLog", refused)
+    with pytest.raises(OSError, match="No space"):
+        open_store(str(tmp_path))
+    assert len(closed) == 1

@@ -7,10 +7,13 @@ and recovers them, and the control file that says what the log held.
   a lost segment from a log that never held one;
 * :mod:`durablekv.log.replaylog`: :class:`ReplayLog`, appends with group
   fsync, segment rolls, recovery of the records after a checkpoint, and the
-  cut back once a checkpoint passes them.
+  cut back once a checkpoint passes them;
+* :mod:`durablekv.log.recovery`: :class:`~durablekv.log.recovery.LogReplay`,
+  which applies the recovered records to a memory tier.
 
 Nothing here knows a cache: recovery returns records (see
-:class:`RecoveryResult`) that the caller applies.
+:class:`RecoveryResult`), and ``LogReplay`` is handed the parts it applies
+them through.
 """
 
 from .replaylog import RecoveryResult, ReplayLog
